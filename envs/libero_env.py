@@ -1,0 +1,213 @@
+"""LIBERO tasks behind the `RobotEnv` interface, with render-on-demand and soft resets.
+
+Rendering is >90% of a rendered LIBERO step on a CPU (each camera ~55 ms against ~7 ms of
+control), so cameras render only for steps whose observation is consumed. The camera
+observables stay registered with robosuite (their sampling timers run exactly as in an
+always-rendering env) but their sensors skip the render unless asked, which makes an on-demand
+frame pixel-identical to the always-render frame of the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from envs.base import Observation, RobotEnv
+from envs.libero_assets import configure_libero
+
+SUITES = ("libero_90", "libero_10", "libero_spatial", "libero_object", "libero_goal")
+# The protocol's step caps after the wait steps (longest training demo: 373/505/193/254/270).
+SUITE_MAX_STEPS = {"libero_90": 400, "libero_10": 520, "libero_spatial": 220, "libero_object": 280, "libero_goal": 300}
+NUM_WAIT_STEPS = 10
+WAIT_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
+CAMERAS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
+
+
+@dataclass(frozen=True)
+class ImageConvention:
+    """How raw (OpenGL, upside-down) frames become the images a checkpoint was trained on."""
+
+    name: str
+    resolution: int
+    transform: str  # "flipud" or "rot180"
+
+    def apply(self, frame: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(frame[::-1] if self.transform == "flipud" else frame[::-1, ::-1])
+
+
+IMAGE_CONVENTIONS = {
+    "minivla": ImageConvention("minivla", 224, "flipud"),
+    "openvla": ImageConvention("openvla", 256, "rot180"),
+}
+
+
+def get_suite(suite: str):
+    if suite not in SUITES:
+        raise ValueError(f"unknown LIBERO suite {suite!r}; expected one of {', '.join(SUITES)}")
+    configure_libero()
+    from libero.libero import benchmark
+
+    return benchmark.get_benchmark_dict()[suite]()
+
+
+def resolve_task(suite: str, task: int | str) -> int:
+    """Task index from an index or a task name (e.g. 'KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet')."""
+    bench = get_suite(suite)
+    names = [bench.get_task(i).name for i in range(bench.n_tasks)]
+    if isinstance(task, str) and not task.lstrip("-").isdigit():
+        if task not in names:
+            raise ValueError(f"unknown task {task!r} in {suite}; expected an index 0..{len(names) - 1} or one of the "
+                             f"task names, e.g. {names[0]!r}")
+        return names.index(task)
+    index = int(task)
+    if not 0 <= index < len(names):
+        raise ValueError(f"task index {index} out of range for {suite}: expected 0..{len(names) - 1}")
+    return index
+
+
+class LiberoEnv(RobotEnv):
+    """One LIBERO task: reset to one of its 50 init states (or a raw state), step actions or chunks.
+
+    Args:
+        suite: libero_90, libero_10, libero_spatial, libero_object or libero_goal.
+        task: index into the suite, or the task name.
+        cameras: camera keys to render, from "agentview" and "wrist".
+        image_convention: "minivla" (224 px, vertical flip) or "openvla" (256 px, 180° rotation).
+        resolution: overrides the convention's resolution.
+        max_steps: overrides the suite's protocol cap (steps after the wait steps).
+        soft_reset: reuse the simulation between episodes instead of rebuilding it.
+        render_every_step: render cameras on every physics step (the reference loops' cost;
+            used as the baseline in benchmarks and tests).
+        seed: seeds the fixture placement drawn at every reset (the protocol uses 0).
+
+    LIBERO draws fixture positions (e.g. the cabinet's) from numpy's global RNG at each reset; they
+    are not part of the init state. The reference loops seed once at creation, so trial i's
+    fixtures depend on every earlier draw in the process. Here every reset draws them from an RNG
+    seeded with `seed` (the caller's global RNG is left untouched), so an episode depends only on
+    its init state: identical to the first episode of a freshly built env, in any order, in any
+    worker. The gripper's internal command state is also cleared, as in a fresh env.
+    """
+
+    action_dim = 7
+
+    def __init__(self, suite: str, task: int | str = 0, cameras=("agentview",), image_convention: str = "minivla",
+                 resolution: int | None = None, max_steps: int | None = None, soft_reset: bool = True,
+                 render_every_step: bool = False, num_wait_steps: int = NUM_WAIT_STEPS, seed: int = 0):
+        super().__init__()
+        if image_convention not in IMAGE_CONVENTIONS:
+            raise ValueError(f"unknown image_convention {image_convention!r}; expected one of {list(IMAGE_CONVENTIONS)}")
+        unknown = [c for c in cameras if c not in CAMERAS]
+        if unknown:
+            raise ValueError(f"unknown camera(s) {unknown}; expected a subset of {list(CAMERAS)}")
+        self.suite, self.task_index = suite, resolve_task(suite, task)
+        bench = get_suite(suite)
+        self.task = bench.get_task(self.task_index)
+        self.init_states = bench.get_task_init_states(self.task_index)
+        self.num_init_states = len(self.init_states)
+        self.instruction = self.task.language
+        self.cameras = tuple(cameras)
+        self.convention = IMAGE_CONVENTIONS[image_convention]
+        self.resolution = resolution or self.convention.resolution
+        self.max_steps = max_steps or SUITE_MAX_STEPS[suite]
+        self.num_wait_steps = num_wait_steps
+        self.render_every_step = render_every_step
+        self._render_next = render_every_step
+        self._rendered_last_step = False
+
+        import os
+
+        from libero.libero import get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+
+        bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
+        self._env = OffScreenRenderEnv(
+            bddl_file_name=bddl, camera_names=[CAMERAS[c] for c in self.cameras] or ["agentview"],
+            camera_heights=self.resolution, camera_widths=self.resolution,
+            use_camera_obs=bool(self.cameras), hard_reset=not soft_reset,
+        )
+        self.seed = seed
+        self._make_camera_sensors_lazy()
+        self._raw_obs: dict = {}
+
+    def _make_camera_sensors_lazy(self) -> None:
+        shape = (self.resolution, self.resolution, 3)
+        for camera in self.cameras:
+            observable = self._env.env._observables[f"{CAMERAS[camera]}_image"]
+            render = observable._sensor
+
+            def lazy(obs_cache, render=render):
+                return render(obs_cache) if self._render_next else np.zeros(shape, np.uint8)
+
+            lazy.__modality__ = render.__modality__
+            observable.set_sensor(lazy)
+
+    @property
+    def sim(self):
+        return self._env.sim
+
+    def reset(self, init_state: int | np.ndarray = 0, render: bool = True) -> Observation | None:
+        """Reset, restore the init state (index 0..49 or a raw flattened MuJoCo state), run the wait steps."""
+        if isinstance(init_state, (int, np.integer)):
+            if not 0 <= init_state < self.num_init_states:
+                raise ValueError(f"init-state index {init_state} out of range for {self.suite} task "
+                                 f"{self.task_index}: expected 0..{self.num_init_states - 1}")
+            state = self.init_states[init_state]
+        else:
+            state = np.asarray(init_state, dtype=np.float64)
+            expected = self.init_states.shape[1]
+            if state.shape != (expected,) or not np.all(np.isfinite(state)):
+                raise ValueError(f"raw init state has shape {state.shape}; expected a finite ({expected},) MuJoCo state")
+        self._render_next = self.render_every_step
+        global_rng = np.random.get_state()
+        np.random.seed(self.seed)
+        try:
+            self._env.reset()
+        finally:
+            np.random.set_state(global_rng)
+        for robot in self._env.env.robots:
+            robot.gripper.current_action = np.zeros_like(robot.gripper.current_action)
+        self._raw_obs = self._env.set_init_state(state)
+        self._rendered_last_step = self.render_every_step
+        for i in range(self.num_wait_steps):
+            self._prepare_render(render and i == self.num_wait_steps - 1)
+            self._raw_obs, _, _, _ = self._env.step(WAIT_ACTION)
+        self._begin_episode()
+        return self.observe() if render else None
+
+    def _prepare_render(self, render_next: bool) -> None:
+        self._render_next = render_next or self.render_every_step
+        self._rendered_last_step = self._render_next
+
+    def _step_one(self, action: np.ndarray) -> tuple[float, bool, dict]:
+        self._raw_obs, reward, done, info = self._env.step(action)
+        return float(reward), bool(done), info
+
+    def observe(self) -> Observation:
+        if not self._rendered_last_step and self.cameras:
+            self._render_next = True
+            self._raw_obs = self._env.env._get_observations(force_update=True)
+            self._rendered_last_step = True
+        obs = self._raw_obs
+        images = {c: self.convention.apply(obs[f"{CAMERAS[c]}_image"]) for c in self.cameras}
+        return Observation(images=images, proprio=libero_proprio(obs), instruction=self.instruction,
+                           state={k: np.asarray(v) for k, v in obs.items() if not k.endswith("_image")})
+
+    def check_success(self) -> bool:
+        return bool(self._env.check_success())
+
+    def get_state(self) -> np.ndarray:
+        return self._env.get_sim_state()
+
+    def close(self) -> None:
+        if getattr(self, "_env", None) is not None:
+            self._env.close()
+            self._env = None
+
+
+def libero_proprio(obs: dict) -> np.ndarray:
+    """End-effector position (3), axis-angle orientation (3), gripper joint positions (2)."""
+    from robosuite.utils.transform_utils import quat2axisangle
+
+    return np.concatenate([obs["robot0_eef_pos"], quat2axisangle(np.array(obs["robot0_eef_quat"])),
+                           obs["robot0_gripper_qpos"]]).astype(np.float32)

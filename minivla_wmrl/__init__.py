@@ -1,0 +1,1 @@
+"""minivla_wmrl."""
