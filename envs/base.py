@@ -33,7 +33,8 @@ class StepResult:
 
     `steps` is how many actions were executed (fewer than given when the episode ended inside
     the chunk); `success_step` is the episode step (after the wait steps, 1-based) at which
-    success was first reached, or None.
+    success was first reached, or None. `failure` names why an episode was cut short by the
+    infrastructure (worker crash, timeout, exception); such an episode counts as unsuccessful.
     """
 
     observation: Observation | None
@@ -43,6 +44,7 @@ class StepResult:
     steps: int
     success_step: int | None = None
     info: dict = field(default_factory=dict)
+    failure: str | None = None
 
 
 class RobotEnv(ABC):
@@ -66,10 +68,11 @@ class RobotEnv(ABC):
         self.step_count = 0
         self.success = False
         self.success_step: int | None = None
+        self.terminated = False  # the env ended the episode itself (e.g. a gymnasium termination)
 
     @property
     def done(self) -> bool:
-        return self.success or self.step_count >= self.max_steps
+        return self.success or self.terminated or self.step_count >= self.max_steps
 
     @abstractmethod
     def reset(self, init_state: int | np.ndarray = 0, render: bool = True) -> Observation | None:

@@ -193,6 +193,10 @@ class LiberoEnv(RobotEnv):
         return Observation(images=images, proprio=libero_proprio(obs), instruction=self.instruction,
                            state={k: np.asarray(v) for k, v in obs.items() if not k.endswith("_image")})
 
+    def eef_pos(self) -> np.ndarray:
+        """End-effector position at the current step (no rendering)."""
+        return np.array(self._raw_obs["robot0_eef_pos"])
+
     def check_success(self) -> bool:
         return bool(self._env.check_success())
 

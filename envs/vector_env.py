@@ -1,0 +1,228 @@
+"""N environments in spawned worker processes, stepped in parallel, that survive worker failures.
+
+Written by hand rather than on gymnasium's AsyncVectorEnv because rollouts need what it does not
+give: per-env init states and chunks, stepping any subset of envs, and a worker that crashes or
+hangs being restarted with its episode reported failed (AsyncVectorEnv raises and leaves the
+whole vector unusable). Workers start with `spawn`: forking after a GL context exists hangs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from envs.base import Observation, RobotEnv, StepResult
+
+EnvFactory = Callable[[], RobotEnv]
+
+
+@dataclass
+class EnvFailure:
+    """An env whose worker crashed, hung past the timeout, or raised; the worker has been restarted."""
+
+    reason: str
+
+
+@dataclass
+class EnvInfo:
+    instruction: str
+    action_dim: int
+    max_steps: int
+    num_init_states: int | None
+    cameras: tuple[str, ...]
+
+
+def _worker(factory: EnvFactory, conn, env_vars: dict[str, str]) -> None:
+    os.environ.update(env_vars)
+    try:
+        env = factory()
+        conn.send(("ok", EnvInfo(env.instruction, env.action_dim, env.max_steps, env.num_init_states, env.cameras)))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which decides
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        try:
+            command, args = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            break
+        if command == "close":
+            break
+        try:
+            if command == "reset":
+                result = env.reset(*args)
+            elif command == "step":
+                result = env.step(*args)
+            else:
+                result = getattr(env, command)(*args)
+            conn.send(("ok", result))
+        except Exception:  # noqa: BLE001 - the episode fails, the worker lives on
+            conn.send(("error", traceback.format_exc()))
+    env.close()
+    conn.close()
+
+
+class _Worker:
+    def __init__(self, ctx, factory: EnvFactory, env_vars: dict[str, str]):
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker, args=(factory, child, env_vars), daemon=True)
+        self.process.start()
+        child.close()
+        self.info: EnvInfo | None = None
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
+class VectorEnv:
+    """Run one env per worker process; `reset`/`step` act on many envs at once.
+
+    Args:
+        factories: one picklable zero-argument callable per env (e.g. `functools.partial(LiberoEnv,
+            "libero_90", 0)`), called inside the worker.
+        step_timeout_s: a worker that does not answer a command in time is killed and restarted.
+        start_timeout_s: time allowed for a worker to build its env.
+        egl_device_ids: optional EGL device per worker (MUJOCO_EGL_DEVICE_ID) on multi-GPU hosts.
+    """
+
+    def __init__(self, factories: Sequence[EnvFactory], step_timeout_s: float = 120.0,
+                 start_timeout_s: float = 600.0, egl_device_ids: Sequence[int] | None = None):
+        if not factories:
+            raise ValueError("VectorEnv needs at least one env factory")
+        self._ctx = mp.get_context("spawn")
+        self.factories = list(factories)
+        self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
+        self._env_vars = []
+        for i in range(len(self.factories)):
+            env_vars = {k: v for k, v in os.environ.items() if k.startswith(("LIBERO_", "MUJOCO_", "PYOPENGL_", "MESA_"))}
+            if egl_device_ids is not None:
+                env_vars["MUJOCO_EGL_DEVICE_ID"] = str(egl_device_ids[i % len(egl_device_ids)])
+            self._env_vars.append(env_vars)
+        self.restarts = [0] * len(self.factories)
+        self._workers = [_Worker(self._ctx, f, v) for f, v in zip(self.factories, self._env_vars)]
+        for i in range(self.num_envs):
+            self._await_ready(i, restart_on_failure=False)
+
+    @property
+    def num_envs(self) -> int:
+        return len(self._workers)
+
+    @property
+    def infos(self) -> list[EnvInfo]:
+        return [self._await_ready(i) for i in range(self.num_envs)]
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers]
+
+    def _await_ready(self, i: int, restart_on_failure: bool = True) -> EnvInfo:
+        worker = self._workers[i]
+        if worker.info is None:
+            if not worker.conn.poll(self.start_timeout_s):
+                worker.kill()
+                raise RuntimeError(f"env worker {i} did not build its env within {self.start_timeout_s} s")
+            try:
+                status, payload = worker.conn.recv()
+            except EOFError:
+                status, payload = "error", "worker process died while building its env"
+            if status != "ok":
+                worker.kill()
+                raise RuntimeError(f"env worker {i} failed to build its env:\n{payload}")
+            worker.info = payload
+        return worker.info
+
+    def _restart(self, i: int) -> None:
+        self._workers[i].kill()
+        self.restarts[i] += 1
+        self._workers[i] = _Worker(self._ctx, self.factories[i], self._env_vars[i])
+
+    def _run(self, command: str, args_per_env: dict[int, tuple]) -> dict[int, Any]:
+        """Send `command` to the given envs in parallel; failed envs map to EnvFailure."""
+        results: dict[int, Any] = {}
+        pending = {}
+        for i, args in args_per_env.items():
+            self._await_ready(i)
+            try:
+                self._workers[i].conn.send((command, args))
+                pending[i] = self._workers[i]
+            except (BrokenPipeError, OSError) as error:
+                results[i] = EnvFailure(f"worker crash: {error!r}")
+        deadline = time.monotonic() + self.step_timeout_s
+        while pending:
+            handles = {w.conn: i for i, w in pending.items()} | {w.process.sentinel: i for i, w in pending.items()}
+            ready = wait(list(handles), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                for i in pending:
+                    results[i] = EnvFailure(f"worker timeout: no answer to {command!r} within {self.step_timeout_s} s")
+                break
+            for handle in ready:
+                i = handles[handle]
+                if i not in pending:
+                    continue
+                worker = pending.pop(i)
+                try:
+                    status, payload = worker.conn.recv() if worker.conn.poll() else ("crash", None)
+                except (EOFError, OSError):
+                    status, payload = "crash", None
+                if status == "ok":
+                    results[i] = payload
+                elif status == "error":
+                    results[i] = EnvFailure(f"exception in env: {payload.strip().splitlines()[-1]}\n{payload}")
+                else:
+                    results[i] = EnvFailure(f"worker crash: process exited with code {worker.process.exitcode}")
+        for i, result in results.items():
+            if isinstance(result, EnvFailure) and not result.reason.startswith("exception"):
+                self._restart(i)
+        return results
+
+    def reset(self, init_states: Sequence[int | np.ndarray | None], render: bool = True) -> list[Observation | EnvFailure | None]:
+        """Reset every env whose init state is not None; returns its first observation or a failure."""
+        self._check_len(init_states)
+        results = self._run("reset", {i: (s, render) for i, s in enumerate(init_states) if s is not None})
+        return [results.get(i) for i in range(self.num_envs)]
+
+    def step(self, actions: Sequence[np.ndarray | None], render: bool = True) -> list[StepResult | None]:
+        """Step every env whose action (or chunk) is not None. A failed env's result is a finished,
+        unsuccessful StepResult with `failure` set to the reason."""
+        self._check_len(actions)
+        results = self._run("step", {i: (a, render) for i, a in enumerate(actions) if a is not None})
+        out: list[StepResult | None] = []
+        for i in range(self.num_envs):
+            r = results.get(i)
+            if isinstance(r, EnvFailure):
+                r = StepResult(None, 0.0, False, True, 0, failure=r.reason)
+            out.append(r)
+        return out
+
+    def call(self, method: str, *args) -> list[Any]:
+        """Call a method of every env (e.g. 'get_state'); failures come back as EnvFailure."""
+        results = self._run(method, {i: args for i in range(self.num_envs)})
+        return [results[i] for i in range(self.num_envs)]
+
+    def _check_len(self, items: Sequence) -> None:
+        if len(items) != self.num_envs:
+            raise ValueError(f"got {len(items)} entries for {self.num_envs} envs; pass None for envs to leave alone")
+
+    def close(self) -> None:
+        for worker in self._workers:
+            try:
+                worker.conn.send(("close", ()))
+            except (BrokenPipeError, OSError):
+                pass
+        for worker in self._workers:
+            worker.process.join(timeout=10)
+            worker.kill()
+
+    def __enter__(self) -> VectorEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

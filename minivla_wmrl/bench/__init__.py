@@ -1,0 +1,1 @@
+"""Speed benchmarks (`minivla-wmrl bench ...`): ratios measured side by side in one run."""

@@ -1,0 +1,86 @@
+"""`minivla-wmrl bench env`: one LIBERO episode timed three ways in one process.
+
+- naive: hard reset, both cameras rendered every step (what the reference evaluation loops do);
+- engine: soft reset, one camera rendered on demand at chunk boundaries (what our rollouts do);
+- floor: no rendering at all (the physics + control cost no rollout can beat).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from envs.libero_env import LiberoEnv
+
+MODES = {
+    "naive": dict(cameras=("agentview", "wrist"), soft_reset=False, render_every_step=True),
+    "engine": dict(cameras=("agentview",), soft_reset=True),
+    "floor": dict(cameras=(), soft_reset=True),
+}
+
+
+def _episode(env: LiberoEnv, mode: str, actions: np.ndarray, chunk: int) -> float:
+    start = time.perf_counter()
+    env.reset(0, render=mode != "floor")
+    if mode == "naive":
+        for action in actions:
+            if env.done:
+                break
+            env.step(action, render=True)
+    else:
+        for begin in range(0, len(actions), chunk):
+            if env.done:
+                break
+            env.step(actions[begin:begin + chunk], render=mode == "engine")
+    return time.perf_counter() - start
+
+
+def bench_env(suite: str = "libero_10", task: int | str = 0, steps: int = 520, chunk: int = 8, repeats: int = 3,
+              image_convention: str = "minivla", seed: int = 0) -> dict:
+    """Median wall time of one `steps`-step episode per mode (env creation excluded)."""
+    rng = np.random.default_rng(seed)
+    actions = np.concatenate([rng.uniform(-0.3, 0.3, (steps, 6)), np.sign(rng.uniform(-1, 1, (steps, 1)))], axis=1)
+    times: dict[str, list[float]] = {}
+    with tqdm(total=len(MODES) * repeats, desc="bench env") as progress:
+        for mode, settings in MODES.items():
+            env = LiberoEnv(suite, task, image_convention=image_convention, max_steps=steps, **settings)
+            try:
+                times[mode] = []
+                for _ in range(repeats):
+                    times[mode].append(_episode(env, mode, actions, chunk))
+                    progress.update()
+            finally:
+                env.close()
+    result = {f"{mode}_s": statistics.median(t) for mode, t in times.items()}
+    result["speedup"] = result["naive_s"] / result["engine_s"]
+    result["floor_ratio"] = result["engine_s"] / result["floor_s"]
+    result.update(suite=suite, task=task, steps=steps, chunk=chunk, repeats=repeats, wait_steps=10,
+                  image_convention=image_convention, repeats_s=times)
+    return result
+
+
+def format_table(result: dict) -> str:
+    rows = [("naive", "hard reset, 2 cameras every step"),
+            ("engine", f"soft reset, 1 camera every {result['chunk']} steps"),
+            ("floor", "no rendering")]
+    lines = [f"LIBERO {result['suite']} task {result['task']}: one {result['steps']}-step episode "
+             f"(+10 wait steps), median of {result['repeats']}",
+             f"| mode   | seconds | x engine | what |", "|---|---|---|---|"]
+    for mode, what in rows:
+        lines.append(f"| {mode:6s} | {result[mode + '_s']:7.2f} | {result[mode + '_s'] / result['engine_s']:8.2f} | {what} |")
+    lines.append(f"speedup (naive / engine) = {result['speedup']:.1f}x")
+    return "\n".join(lines)
+
+
+def main(args) -> None:
+    result = bench_env(args.suite, args.task, args.steps, args.chunk, args.repeats, args.image_convention)
+    print(format_table(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")

