@@ -94,12 +94,11 @@ class RobotEnv(ABC):
 
     def validate_actions(self, actions: np.ndarray) -> np.ndarray:
         """Return actions as a float (k, action_dim) array or raise a ValueError saying why."""
-        actions = np.asarray(actions, dtype=np.float64)
-        if actions.ndim == 1:
-            actions = actions[None]
+        given = np.asarray(actions, dtype=np.float64)
+        actions = given[None] if given.ndim == 1 else given
         if actions.ndim != 2 or actions.shape[1] != self.action_dim or len(actions) == 0:
             raise ValueError(
-                f"action has shape {np.shape(actions)}; expected ({self.action_dim},) for one action "
+                f"action has shape {given.shape}; expected ({self.action_dim},) for one action "
                 f"or (k, {self.action_dim}) for a chunk of k >= 1"
             )
         if not np.all(np.isfinite(actions)):

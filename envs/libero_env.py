@@ -137,7 +137,12 @@ class LiberoEnv(RobotEnv):
             render = observable._sensor
 
             def lazy(obs_cache, render=render):
-                return render(obs_cache) if self._render_next else np.zeros(shape, np.uint8)
+                if not self._render_next:
+                    return np.zeros(shape, np.uint8)
+                # robosuite renders into whichever GL context is current; another env in this
+                # process (built, rendered or closed since) would leave a foreign one current.
+                self.sim._render_context_offscreen.gl_ctx.make_current()
+                return render(obs_cache)
 
             lazy.__modality__ = render.__modality__
             observable.set_sensor(lazy)

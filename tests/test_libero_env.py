@@ -1,0 +1,138 @@
+"""LiberoEnv on the real simulator: suites, the drawer task, render on demand, soft resets, bad input."""
+
+import numpy as np
+import pytest
+
+from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, SUITES, LiberoEnv
+
+from tests.conftest import TASK0
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_task0_of_every_suite_builds_resets_and_steps(suite):
+    env = LiberoEnv(suite, 0, cameras=("agentview",))
+    try:
+        observation = env.reset(0)
+        assert observation.images["agentview"].shape == (224, 224, 3)
+        assert observation.images["agentview"].std() > 5, "the frame should show a scene, not a blank image"
+        assert observation.proprio.shape == (8,) and observation.instruction == env.task.language
+        assert env.max_steps == SUITE_MAX_STEPS[suite] and env.step_count == 0
+        result = env.step(np.zeros((4, 7)), render=False)
+        assert result.steps == 4 and env.step_count == 4 and result.observation is None
+    finally:
+        env.close()
+
+
+def test_scripted_drawer_closing_succeeds_and_the_episode_stops(libero_env, drawer_actions):
+    actions, success_step = drawer_actions
+    assert success_step == len(actions) < SUITE_MAX_STEPS["libero_90"]
+    libero_env.reset(0, render=False)
+    for action in actions[:-1]:
+        assert not libero_env.step(action, render=False).done
+    last = libero_env.step(actions[-1])
+    assert last.success and last.done and last.success_step == success_step and last.reward == 1.0
+    with pytest.raises(RuntimeError, match="finished episode"):
+        libero_env.step(actions[-1])
+
+
+def test_success_inside_a_chunk_counts_at_its_step(libero_env, drawer_actions):
+    actions, success_step = drawer_actions
+    padded = np.concatenate([np.stack(actions), np.zeros((16, 7))])  # actions that would run past the success
+    libero_env.reset(0, render=False)
+    executed = 0
+    while not libero_env.done:
+        result = libero_env.step(padded[executed:executed + 8])
+        executed += result.steps
+    assert result.success and result.success_step == success_step == executed
+    assert result.steps == (success_step - 1) % 8 + 1, "the chunk must stop at the success step"
+    assert result.observation.images["agentview"].std() > 5
+
+
+def test_on_demand_frames_equal_always_render_frames(libero_env, libero_env_always_render):
+    actions = np.random.default_rng(0).uniform(-1, 1, (20, 7))
+    lazy_first, always_first = libero_env.reset(2), libero_env_always_render.reset(2)
+    np.testing.assert_array_equal(lazy_first.images["agentview"], always_first.images["agentview"])
+    for begin in (0, 8, 16):
+        chunk = actions[begin:begin + 8]
+        lazy = libero_env.step(chunk)
+        for action in chunk:
+            always = libero_env_always_render.step(action)
+        np.testing.assert_array_equal(lazy.observation.images["agentview"], always.observation.images["agentview"])
+        np.testing.assert_array_equal(lazy.observation.proprio, always.observation.proprio)
+
+
+def test_soft_reset_observation_equals_a_fresh_env(libero_env):
+    libero_env.reset(5)
+    libero_env.step(np.random.default_rng(1).uniform(-1, 1, (12, 7)))
+    soft = libero_env.reset(3)
+    fresh_env = LiberoEnv(*TASK0, cameras=("agentview",))
+    try:
+        fresh = fresh_env.reset(3)
+        np.testing.assert_array_equal(soft.images["agentview"], fresh.images["agentview"])
+        np.testing.assert_array_equal(soft.proprio, fresh.proprio)
+        np.testing.assert_array_equal(libero_env.get_state(), fresh_env.get_state())
+    finally:
+        fresh_env.close()
+    again = libero_env.reset(3)  # another env built and closed in this process must not spoil rendering
+    np.testing.assert_array_equal(again.images["agentview"], soft.images["agentview"])
+
+
+def test_raw_init_state_equals_its_index(libero_env):
+    by_index = libero_env.reset(7)
+    by_state = libero_env.reset(libero_env.init_states[7])
+    np.testing.assert_array_equal(by_index.images["agentview"], by_state.images["agentview"])
+
+
+def test_reset_leaves_the_callers_numpy_rng_alone(libero_env):
+    np.random.seed(123)
+    expected = np.random.rand()
+    np.random.seed(123)
+    libero_env.reset(0, render=False)
+    assert np.random.rand() == expected
+
+
+def test_episode_stops_at_the_step_cap(libero_env):
+    libero_env.reset(0, render=False)
+    cap, libero_env.max_steps = libero_env.max_steps, 12
+    try:
+        first, second = libero_env.step(np.zeros((8, 7)), render=False), libero_env.step(np.zeros((8, 7)), render=False)
+        assert not first.done and second.done and second.steps == 4 and libero_env.step_count == 12
+        assert not second.success
+    finally:
+        libero_env.max_steps = cap
+
+
+def test_image_conventions():
+    frame = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    np.testing.assert_array_equal(IMAGE_CONVENTIONS["minivla"].apply(frame), frame[::-1])
+    np.testing.assert_array_equal(IMAGE_CONVENTIONS["openvla"].apply(frame), np.rot90(frame, 2))
+    assert IMAGE_CONVENTIONS["minivla"].resolution == 224 and IMAGE_CONVENTIONS["openvla"].resolution == 256
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(suite="libero_100", task=0), "unknown LIBERO suite 'libero_100'"),
+    (dict(suite="libero_10", task=10), r"task index 10 out of range for libero_10: expected 0..9"),
+    (dict(suite="libero_10", task="no_such_task"), "unknown task 'no_such_task' in libero_10"),
+    (dict(suite="libero_10", task=0, cameras=("frontview",)), "unknown camera"),
+    (dict(suite="libero_10", task=0, image_convention="rgb"), "unknown image_convention"),
+])
+def test_bad_env_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LiberoEnv(**kwargs)
+
+
+def test_bad_init_states_and_actions_are_named(libero_env):
+    with pytest.raises(ValueError, match=r"init-state index 50 out of range .* expected 0..49"):
+        libero_env.reset(50)
+    with pytest.raises(ValueError, match=r"raw init state has shape \(3,\)"):
+        libero_env.reset(np.zeros(3))
+    libero_env.reset(0, render=False)
+    with pytest.raises(ValueError, match=r"action has shape \(6,\); expected \(7,\)"):
+        libero_env.step(np.zeros(6))
+    with pytest.raises(ValueError, match=r"shape \(2, 8, 7\)"):
+        libero_env.step(np.zeros((2, 8, 7)))
+    with pytest.raises(ValueError, match="NaN/inf at chunk index 3, dim 2"):
+        chunk = np.zeros((8, 7))
+        chunk[3, 2] = np.nan
+        libero_env.step(chunk)
+    assert libero_env.step_count == 0, "a rejected action must not advance the episode"
