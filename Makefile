@@ -12,6 +12,7 @@ export PYOPENGL_PLATFORM ?= egl
 .PHONY: setup test demo clean
 
 setup: $(STAMP)
+	$(VENV)/bin/minivla-wmrl assets
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,11 +20,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q --no-deps libero==0.1.1
 	$(PY) -m pip install -q -e .
-	$(VENV)/bin/minivla-wmrl assets
 	touch $(STAMP)
 
 test: setup
-	$(VENV)/bin/pytest -x -q tests
+	$(VENV)/bin/pytest -q tests
 
 demo: setup
 	$(VENV)/bin/minivla-wmrl bench env --suite libero_10 --task 0 --steps 520 --chunk 8 --json runs/bench_env.json

@@ -9,6 +9,7 @@ frame pixel-identical to the always-render frame of the same step.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,18 +52,17 @@ def get_suite(suite: str):
     return benchmark.get_benchmark_dict()[suite]()
 
 
-def resolve_task(suite: str, task: int | str) -> int:
+def resolve_task(bench, task: int | str) -> int:
     """Task index from an index or a task name (e.g. 'KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet')."""
-    bench = get_suite(suite)
     names = [bench.get_task(i).name for i in range(bench.n_tasks)]
     if isinstance(task, str) and not task.lstrip("-").isdigit():
         if task not in names:
-            raise ValueError(f"unknown task {task!r} in {suite}; expected an index 0..{len(names) - 1} or one of the "
-                             f"task names, e.g. {names[0]!r}")
+            raise ValueError(f"unknown task {task!r} in {bench.name}; expected an index 0..{len(names) - 1} or one "
+                             f"of the task names, e.g. {names[0]!r}")
         return names.index(task)
     index = int(task)
     if not 0 <= index < len(names):
-        raise ValueError(f"task index {index} out of range for {suite}: expected 0..{len(names) - 1}")
+        raise ValueError(f"task index {index} out of range for {bench.name}: expected 0..{len(names) - 1}")
     return index
 
 
@@ -100,8 +100,8 @@ class LiberoEnv(RobotEnv):
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown:
             raise ValueError(f"unknown camera(s) {unknown}; expected a subset of {list(CAMERAS)}")
-        self.suite, self.task_index = suite, resolve_task(suite, task)
         bench = get_suite(suite)
+        self.suite, self.task_index = suite, resolve_task(bench, task)
         self.task = bench.get_task(self.task_index)
         self.init_states = bench.get_task_init_states(self.task_index)
         self.num_init_states = len(self.init_states)
@@ -114,8 +114,6 @@ class LiberoEnv(RobotEnv):
         self.render_every_step = render_every_step
         self._render_next = render_every_step
         self._rendered_last_step = False
-
-        import os
 
         from libero.libero import get_libero_path
         from libero.libero.envs import OffScreenRenderEnv
@@ -189,6 +187,9 @@ class LiberoEnv(RobotEnv):
         return float(reward), bool(done), info
 
     def observe(self) -> Observation:
+        """The observation at the current step. After a step that rendered (the last of a chunk) it
+        is robosuite's own; after one that did not (an episode ending inside a chunk), the
+        cameras render now, at the end-of-step state."""
         if not self._rendered_last_step and self.cameras:
             self._render_next = True
             self._raw_obs = self._env.env._get_observations(force_update=True)
