@@ -1,7 +1,10 @@
-# One-command set-up and tests. Torch goes in first (a bare `torch` requirement would pull a
-# multi-GB CUDA build on a CPU machine); CUDA users override TORCH.
+# One-command set-up and tests. Torch goes in first, with the torchvision build that matches it:
+# timm imports torchvision, PyPI's torchvision only imports beside the torch build it was made for
+# (the CPU torch 2.13.0 wheel with PyPI's torchvision 0.28 fails: "torchvision::nms does not
+# exist"), and a bare requirement would let pip pick both. Override for your CUDA version, e.g.
+#   make setup TORCH="torch==2.13.0 torchvision==0.28.0"
 PYTHON ?= python3
-TORCH ?= torch==2.13.0
+TORCH ?= torch==2.14.1 torchvision==0.29.1
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -17,7 +20,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q --no-deps libero==0.1.1
 	$(PY) -m pip install -q -e .
 	touch $(STAMP)

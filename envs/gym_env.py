@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from envs.base import Observation, RobotEnv
+from envs.gl import prepare_gl
 
 
 def _register_known_packages() -> None:
@@ -50,6 +51,7 @@ class GymRobotEnv(RobotEnv):
         if env_id not in gym.registry:
             raise ValueError(f"unknown gymnasium env id {env_id!r}; is the package that registers it installed?")
         kwargs = dict(make_kwargs or {})
+        prepare_gl()
         if image_key is None:
             kwargs.update(render_mode="rgb_array", width=resolution, height=resolution)
         self._env = gym.make(env_id, **kwargs)

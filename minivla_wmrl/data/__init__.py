@@ -1,0 +1,1 @@
+"""Demonstration data: LIBERO hdf5 files, action chunks, dataset statistics."""

@@ -1,0 +1,125 @@
+"""`minivla-wmrl vq`: train the residual-VQ action tokenizer on demonstration action chunks.
+
+Raw LIBERO actions → no-op filtering → training gripper convention → BOUNDS_Q99 statistics →
+normalised chunks (reference padding) → episodes split into train and held-out → Adam on L1 +
+commitment (codebooks move by EMA). Writes the tokenizer, `dataset_statistics.json` and metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.data.chunks import episode_chunks
+from minivla_wmrl.data.libero_hdf5 import drop_noops, read_demo_actions
+from minivla_wmrl.normalization import ActionStatistics, gripper_to_training, write_statistics
+
+
+@dataclass
+class VQTrainConfig:
+    """Training settings; defaults from the reference VQ-BeT/MiniVLA recipe (Adam 1e-3, wd 1e-4, batch ~1024)."""
+
+    steps: int = 3000
+    batch_size: int = 1024
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    val_fraction: float = 0.1  # fraction of episodes held out for the reconstruction error
+    seed: int = 0
+    device: str = "cpu"
+
+
+def load_episodes(paths: list[Path]) -> tuple[list[np.ndarray], list[str]]:
+    """Training-convention action arrays of every demo in the given files (directories: their *.hdf5)."""
+    files = []
+    for path in map(Path, paths):
+        files.extend(sorted(path.glob("*.hdf5")) if path.is_dir() else [path])
+    if not files:
+        raise FileNotFoundError(f"no demonstration files found in {', '.join(map(str, paths))}")
+    episodes, names = [], []
+    for file in files:
+        for i, actions in enumerate(read_demo_actions(file)):
+            actions = drop_noops(actions)
+            actions = np.concatenate([actions[:, :-1], gripper_to_training(actions[:, -1:])], axis=1)
+            episodes.append(actions)
+            names.append(f"{file.name}:demo_{i}")
+    return episodes, names
+
+
+def split_episodes(num_episodes: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(num_episodes)
+    num_val = int(round(val_fraction * num_episodes)) if num_episodes > 1 else 0
+    num_val = min(max(num_val, 1 if val_fraction > 0 and num_episodes > 1 else 0), num_episodes - 1)
+    return np.sort(order[num_val:]), np.sort(order[:num_val])
+
+
+def reconstruction_l1(tokenizer: ActionTokenizer, chunks: torch.Tensor) -> float:
+    """Mean absolute error of encode → decode on normalised chunks."""
+    with torch.no_grad():
+        return float((tokenizer.decode(tokenizer.encode(chunks)) - chunks).abs().mean())
+
+
+def train_action_tokenizer(train_chunks: np.ndarray, val_chunks: np.ndarray | None, config: ActionTokenizerConfig,
+                           train: VQTrainConfig, log=None) -> tuple[ActionTokenizer, list[dict]]:
+    torch.manual_seed(train.seed)
+    tokenizer = ActionTokenizer(config).to(train.device)
+    train_t = torch.as_tensor(train_chunks, dtype=torch.float32, device=train.device)
+    val_t = torch.as_tensor(val_chunks, dtype=torch.float32, device=train.device) if val_chunks is not None and len(val_chunks) else None
+    optimizer = torch.optim.Adam([p for p in tokenizer.parameters() if p.requires_grad], lr=train.lr,
+                                 weight_decay=train.weight_decay)
+    generator = torch.Generator(device="cpu").manual_seed(train.seed)
+    history = []
+    for step in tqdm(range(1, train.steps + 1), desc="vq", disable=log is None):
+        batch = train_t[torch.randint(len(train_t), (min(train.batch_size, len(train_t)),), generator=generator)]
+        tokenizer.train()
+        _, _, losses = tokenizer(batch)
+        optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        optimizer.step()
+        if step == 1 or step % max(1, train.steps // 20) == 0 or step == train.steps:
+            tokenizer.eval()
+            record = {"step": step, **{k: v.item() for k, v in losses.items()}}
+            if val_t is not None:
+                record["val_l1"] = reconstruction_l1(tokenizer, val_t)
+            history.append(record)
+            if log:
+                log(record)
+    tokenizer.eval()
+    return tokenizer, history
+
+
+def main(args) -> None:
+    episodes, _ = load_episodes(args.data)
+    config = ActionTokenizerConfig(chunk_len=args.chunk_len, action_dim=episodes[0].shape[1])
+    dims = {e.shape[1] for e in episodes}
+    if len(dims) != 1:
+        raise ValueError(f"demonstrations mix action dimensions {sorted(dims)}")
+    train_config = VQTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                                 val_fraction=args.val_fraction, device=args.device)
+    train_ids, val_ids = split_episodes(len(episodes), train_config.val_fraction, train_config.seed)
+    stats = ActionStatistics.from_actions(np.concatenate([episodes[i] for i in train_ids]), num_trajectories=len(train_ids))
+
+    def chunks(ids):
+        return np.concatenate([episode_chunks(stats.normalize(episodes[i]), config.chunk_len) for i in ids]) if len(ids) else None
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "vq_metrics.jsonl", "w") as metrics:
+        def log(record):
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+
+        tokenizer, history = train_action_tokenizer(chunks(train_ids), chunks(val_ids), config, train_config, log)
+    tokenizer.save(out / "action_tokenizer")
+    write_statistics(out / "dataset_statistics.json", {args.dataset_name: stats})
+    (out / "vq_train_config.json").write_text(json.dumps(asdict(train_config), indent=2))
+    first, last = history[0], history[-1]
+    print(f"episodes: {len(train_ids)} train, {len(val_ids)} held out; steps: {train_config.steps}")
+    if "val_l1" in last:
+        print(f"held-out reconstruction L1 (normalised): {first['val_l1']:.4f} -> {last['val_l1']:.4f}")
+    print(f"wrote {out / 'action_tokenizer'} and {out / 'dataset_statistics.json'}")

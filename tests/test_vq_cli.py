@@ -1,0 +1,55 @@
+"""`minivla-wmrl vq` on a demonstration file recorded in the simulator, and bad demonstration files."""
+
+import json
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from minivla_wmrl.action_tokenizer import ActionTokenizer
+from minivla_wmrl.data.libero_hdf5 import drop_noops, read_demo_actions
+from minivla_wmrl.normalization import read_statistics
+
+from tests.test_action_tokenizer import expert_demo_file  # noqa: F401 - the shared fixture
+
+
+def test_vq_command_trains_and_writes_tokenizer_and_statistics(expert_demo_file, tmp_path):  # noqa: F811
+    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "vq", "--data", str(expert_demo_file),
+                           "--out", str(tmp_path), "--steps", "60", "--batch-size", "256", "--val-fraction", "0.2"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "held-out reconstruction L1" in done.stdout and "8 train, 2 held out" in done.stdout
+    tokenizer = ActionTokenizer.load(tmp_path / "action_tokenizer")
+    stats = read_statistics(tmp_path / "dataset_statistics.json")["libero"]
+    assert stats.num_trajectories == 8 and stats.mask.tolist() == [True] * 6 + [False]
+    metrics = [json.loads(line) for line in (tmp_path / "vq_metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 60 and metrics[-1]["val_l1"] < metrics[0]["val_l1"]
+    assert tokenizer.config.chunk_len == 8
+
+
+def test_bad_demonstration_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothere.hdf5 does not exist"):
+        read_demo_actions(tmp_path / "nothere.hdf5")
+    (tmp_path / "corrupt.hdf5").write_bytes(b"not an hdf5 file")
+    with pytest.raises(ValueError, match="corrupt.hdf5 is not a readable hdf5 file"):
+        read_demo_actions(tmp_path / "corrupt.hdf5")
+    with h5py.File(tmp_path / "nan.hdf5", "w") as f:
+        f.create_dataset("data/demo_0/actions", data=np.zeros((5, 7)))
+        f.create_dataset("data/demo_1/actions", data=np.full((5, 7), np.nan))
+    with pytest.raises(ValueError, match=r"nan.hdf5: data/demo_1/actions contains NaN"):
+        read_demo_actions(tmp_path / "nan.hdf5")
+    with h5py.File(tmp_path / "noactions.hdf5", "w") as f:
+        f.create_dataset("data/demo_0/states", data=np.zeros((5, 3)))
+    with pytest.raises(ValueError, match=r"noactions.hdf5: data/demo_0 has no 'actions'"):
+        read_demo_actions(tmp_path / "noactions.hdf5")
+    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "vq", "--data", str(tmp_path / "nan.hdf5"),
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert done.returncode == 1 and "data/demo_1/actions contains NaN" in done.stderr
+
+
+def test_noop_filtering_keeps_gripper_changes():
+    actions = np.array([[0.1] * 6 + [-1], [0] * 6 + [-1], [0] * 6 + [1], [0] * 6 + [1], [0.2] * 6 + [1]], float)
+    kept = drop_noops(actions)
+    np.testing.assert_array_equal(kept, actions[[0, 2, 4]])
