@@ -10,15 +10,15 @@ library VQ-BeT vendored, so its buffers load from released MiniVLA VQ checkpoint
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+
+from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.config import config_from_dict
 
 
 @dataclass
@@ -37,11 +37,7 @@ class ActionTokenizerConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "action tokenizer config") -> ActionTokenizerConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; expected a subset of {sorted(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, where)
 
     @classmethod
     def from_released(cls, data: dict) -> ActionTokenizerConfig:
@@ -153,18 +149,9 @@ class ActionTokenizer(nn.Module):
         """Write `config.json` + `model.safetensors` atomically (temp dir, then rename)."""
         from safetensors.torch import save_file
 
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}."))
-        try:
+        with atomic_directory(directory) as tmp:
             (tmp / "config.json").write_text(json.dumps(asdict(self.config), indent=2))
             save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, tmp / "model.safetensors")
-            if directory.exists():
-                shutil.rmtree(directory)
-            os.replace(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     @classmethod
     def load(cls, directory: Path, map_location: str = "cpu") -> ActionTokenizer:

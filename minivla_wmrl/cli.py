@@ -28,6 +28,26 @@ def _vq(args) -> None:
     main(args)
 
 
+def _bench_policy(args) -> None:
+    from minivla_wmrl.bench.policy import main
+
+    main(args)
+
+
+def _model_info(args) -> None:
+    import json
+
+    from minivla_wmrl.policy.config import preset
+    from minivla_wmrl.policy.info import parameter_counts
+
+    counts = parameter_counts(preset(args.preset))
+    if args.json:
+        print(json.dumps({"preset": args.preset, **counts}, indent=2))
+    else:
+        for part in ("dino", "siglip", "vision", "projector", "language_model", "total"):
+            print(f"{part:15s} {counts[part] / 1e6:10.2f} M")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minivla-wmrl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -52,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     vq.add_argument("--dataset-name", default="libero", help="key in dataset_statistics.json")
     vq.set_defaults(run=_vq)
 
+    info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
+    info.add_argument("--preset", default="minivla-1b")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(run=_model_info)
+
     bench = commands.add_parser("bench", help="speed benchmarks, measured side by side").add_subparsers(
         dest="bench", required=True)
     env = bench.add_parser("env", help="one LIBERO episode: naive vs engine vs no-render floor")
@@ -63,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--image-convention", default="minivla", choices=["minivla", "openvla"])
     env.add_argument("--json", help="write the result as JSON here")
     env.set_defaults(run=_bench_env)
+    policy = bench.add_parser("policy", help="action queries/s: batched KV-cache generation vs one env at a time")
+    policy.add_argument("--preset", default="small")
+    policy.add_argument("--batch", type=int, default=64)
+    policy.add_argument("--repeats", type=int, default=3)
+    policy.add_argument("--naive-queries", type=int, default=8, help="queries timed for the naive loop")
+    policy.add_argument("--device", default="cpu")
+    policy.add_argument("--json", help="write the result as JSON here")
+    policy.set_defaults(run=_bench_policy)
     return parser
 
 

@@ -1,0 +1,116 @@
+"""Policy checkpoints: our directory format, and import of a Prismatic MiniVLA run directory.
+
+Ours: `config.json`, `model.safetensors`, `dataset_statistics.json`, `tokenizer/`,
+`action_tokenizer/`, written to a temporary directory and renamed into place.
+Prismatic: `config.json` ({"vla": ...}), `dataset_statistics.json`, `checkpoints/*.pt` holding
+`{"model": {"vision_backbone", "projector", "llm_backbone"}}`; the VQ folder and a local Qwen
+tokenizer directory come separately. Nothing is downloaded: modules are built from configs, then
+the weights are loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from minivla_wmrl.action_tokenizer import ActionTokenizer
+from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.normalization import read_statistics, write_statistics
+from minivla_wmrl.policy.config import MiniVLAConfig, preset
+from minivla_wmrl.policy.minivla import MiniVLA
+from minivla_wmrl.policy.tokenizer import add_action_tokens
+
+FORMAT = "minivla-wmrl-policy/1"
+
+
+def save_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset") -> Path:
+    from safetensors.torch import save_model
+
+    with atomic_directory(directory) as tmp:
+        meta = {"format": FORMAT, "policy": policy.config.to_dict(), "lora": getattr(policy, "lora", None),
+                "dataset_name": dataset_name}
+        (tmp / "config.json").write_text(json.dumps(meta, indent=2))
+        save_model(policy, str(tmp / "model.safetensors"))  # handles Qwen's tied embeddings
+        policy.tokenizer.save_pretrained(tmp / "tokenizer")
+        policy.action_tokenizer.save(tmp / "action_tokenizer")
+        if policy.statistics is not None:
+            write_statistics(tmp / "dataset_statistics.json", {dataset_name: policy.statistics})
+    return Path(directory)
+
+
+def _statistics(path: Path, key: str | None):
+    if not path.is_file():
+        return None
+    stats = read_statistics(path)
+    if key is None and len(stats) == 1:
+        return next(iter(stats.values()))
+    if key not in stats:
+        raise ValueError(f"{path} holds statistics for {sorted(stats)}; choose one with unnorm_key")
+    return stats[key]
+
+
+def load_policy(directory: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MiniVLA:
+    from safetensors.torch import load_model
+    from transformers import AutoTokenizer
+
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"policy checkpoint {directory} has no config.json")
+    meta = json.loads(config_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{config_path} is not a {FORMAT} checkpoint (a Prismatic run directory? use import_prismatic)")
+    policy = MiniVLA(MiniVLAConfig.from_dict(meta["policy"], str(config_path)),
+                     AutoTokenizer.from_pretrained(directory / "tokenizer"), ActionTokenizer.load(directory / "action_tokenizer"),
+                     _statistics(directory / "dataset_statistics.json", meta.get("dataset_name")))
+    if meta.get("lora"):
+        lora = meta["lora"]
+        policy.add_lora(lora["r"], lora["alpha"], lora["dropout"], lora["targets"])
+    load_model(policy, str(directory / "model.safetensors"), strict=True)
+    return policy.to(device=device, dtype=dtype).eval()
+
+
+def import_prismatic(run_dir: Path, vq_dir: Path, qwen_dir: Path, preset_name: str = "minivla-1b",
+                     unnorm_key: str | None = None, checkpoint: Path | None = None) -> MiniVLA:
+    """Build `preset_name` from configs and load a Prismatic MiniVLA run's weights into it."""
+    from transformers import AutoTokenizer
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file() or "vla" not in json.loads((run_dir / "config.json").read_text()):
+        raise ValueError(f"{run_dir} is not a Prismatic VLA run directory (config.json with a 'vla' entry)")
+    if checkpoint is None:
+        candidates = sorted((run_dir / "checkpoints").glob("*.pt"))
+        if not candidates:
+            raise FileNotFoundError(f"{run_dir}/checkpoints holds no *.pt checkpoint")
+        checkpoint = candidates[-1]
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    parts = state.get("model", {}) if isinstance(state, dict) else {}
+    missing = {"vision_backbone", "projector", "llm_backbone"} - set(parts)
+    if missing:
+        raise ValueError(f"{checkpoint} lacks model.{sorted(missing)}; expected vision_backbone, projector, llm_backbone")
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen_dir)
+    add_action_tokens(tokenizer)
+    tokenizer.pad_token = tokenizer.pad_token or "<|endoftext|>"
+    policy = MiniVLA(preset(preset_name), tokenizer, ActionTokenizer.load(vq_dir),
+                     _statistics(run_dir / "dataset_statistics.json", unnorm_key))
+    llm_state = {}
+    for key, value in parts["llm_backbone"].items():
+        if not key.startswith("llm."):
+            raise ValueError(f"{checkpoint}: llm_backbone key {key!r} does not start with 'llm.'")
+        llm_state[key[len("llm."):]] = value
+    for name, module, part in (("vision_backbone", policy.vision, parts["vision_backbone"]),
+                               ("projector", policy.projector, parts["projector"]),
+                               ("llm_backbone", policy.llm, llm_state)):
+        try:
+            result = module.load_state_dict(part, strict=False)
+        except RuntimeError as error:
+            raise ValueError(f"{checkpoint}: model.{name} does not fit preset {preset_name!r}: {error}") from None
+        unexpected = list(result.unexpected_keys)
+        absent = [k for k in result.missing_keys if not k.endswith("lm_head.weight")]  # tied to the embeddings
+        if unexpected or absent:
+            raise ValueError(f"{checkpoint}: model.{name} does not match preset {preset_name!r}: missing {absent[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+    return policy.eval()

@@ -1,0 +1,222 @@
+"""The MiniVLA model: images + instruction → 7 action tokens → an 8-step action chunk.
+
+Sequence (as Prismatic/MiniVLA build it): the Qwen chat prompt's first token, then the projected
+patch embeddings (256 per image), then the rest of the prompt; the 7 action tokens follow.
+Batches are left-padded so every row's prompt ends at the last position, which lets one KV cache
+serve the whole batch during generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from minivla_wmrl.action_tokenizer import ActionTokenizer
+from minivla_wmrl.normalization import ActionStatistics, gripper_to_env
+from minivla_wmrl.policy.config import MiniVLAConfig
+from minivla_wmrl.policy.tokenizer import build_prompt, check_action_tokens
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class FusedVisionBackbone(nn.Module):
+    """DINOv2 and SigLIP (timm), features from each one's second-to-last block, concatenated per patch."""
+
+    def __init__(self, config: MiniVLAConfig):
+        super().__init__()
+        import timm
+
+        def vit(name: str, overrides: dict) -> nn.Module:
+            return timm.create_model(name, pretrained=False, num_classes=0, img_size=config.image_size, **overrides)
+
+        self.dino_featurizer = vit(config.dino, config.dino_overrides)
+        self.siglip_featurizer = vit(config.siglip, config.siglip_overrides)
+        self.register_buffer("dino_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("dino_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self.embed_dim = self.dino_featurizer.embed_dim + self.siglip_featurizer.embed_dim
+        self.num_patches = self.dino_featurizer.patch_embed.num_patches
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels (N, 3, H, W) in [0, 1] → (N, num_patches, dino_dim + siglip_dim)."""
+        dino = self.dino_featurizer.get_intermediate_layers((pixels - self.dino_mean) / self.dino_std,
+                                                             n=[len(self.dino_featurizer.blocks) - 2])[0]
+        siglip = self.siglip_featurizer.get_intermediate_layers((pixels - 0.5) / 0.5,
+                                                                 n=[len(self.siglip_featurizer.blocks) - 2])[0]
+        return torch.cat([dino, siglip], dim=-1)
+
+
+class FusedMLPProjector(nn.Module):
+    """Prismatic's "fused GELU MLP": vision → mult × vision → llm → llm."""
+
+    def __init__(self, vision_dim: int, llm_dim: int, mult: int = 4):
+        super().__init__()
+        self.projector = nn.Sequential(nn.Linear(vision_dim, mult * vision_dim), nn.GELU(),
+                                       nn.Linear(mult * vision_dim, llm_dim), nn.GELU(), nn.Linear(llm_dim, llm_dim))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.projector(features)
+
+
+@dataclass
+class ActionQuery:
+    """One batched policy query: tokens, their log-probs, and the decoded chunks."""
+
+    token_ids: torch.Tensor  # (B, 7) language-model ids
+    log_probs: torch.Tensor  # (B, 7) under the sampling distribution (logits / temperature)
+    codes: torch.Tensor  # (B, 7) VQ codes, clipped to the codebook
+    normalized_chunks: np.ndarray  # (B, chunk_len, action_dim) in training convention
+    actions: np.ndarray | None  # (B, chunk_len, action_dim) in the env's convention (needs statistics)
+
+
+class MiniVLA(nn.Module):
+    """The policy. `tokenizer` must hold the action tokens; `statistics` un-normalise actions."""
+
+    def __init__(self, config: MiniVLAConfig, tokenizer, action_tokenizer: ActionTokenizer,
+                 statistics: ActionStatistics | None = None):
+        super().__init__()
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        check_action_tokens(tokenizer, config.codebook_size)
+        vq = action_tokenizer.config
+        if (vq.num_codebooks, vq.codebook_size) != (config.num_action_tokens, config.codebook_size):
+            raise ValueError(f"action tokenizer has {vq.num_codebooks} codebooks x {vq.codebook_size} codes; the policy "
+                             f"expects {config.num_action_tokens} x {config.codebook_size}")
+        if len(tokenizer) > config.llm["vocab_size"]:
+            raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the language model only "
+                             f"{config.llm['vocab_size']} embedding rows")
+        self.config = config
+        self.vision = FusedVisionBackbone(config)
+        self.projector = FusedMLPProjector(self.vision.embed_dim, config.llm["hidden_size"], config.projector_mult)
+        self.llm = Qwen2ForCausalLM(Qwen2Config(**config.llm))
+        self.tokenizer, self.statistics = tokenizer, statistics
+        object.__setattr__(self, "action_tokenizer", action_tokenizer.eval())  # saved on its own, kept on the CPU
+        self._prompt_ids: dict[str, list[int]] = {}
+
+    @property
+    def vocab_len(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return self.projector.projector[0].weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.projector.projector[0].weight.dtype
+
+    # -- training switches -----------------------------------------------------------------------
+
+    def set_trainable(self, vision: bool = True, projector: bool = True, llm: bool = True) -> None:
+        for module, flag in ((self.vision, vision), (self.projector, projector), (self.llm, llm)):
+            module.requires_grad_(flag)
+
+    def add_lora(self, r: int = 16, alpha: int = 32, dropout: float = 0.0, targets=LORA_TARGETS) -> None:
+        """Wrap the language model with peft LoRA adapters; only the adapters of the LLM train."""
+        from peft import LoraConfig, get_peft_model
+
+        self.llm = get_peft_model(self.llm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                                                       target_modules=list(targets)))
+        self.lora = dict(r=r, alpha=alpha, dropout=dropout, targets=list(targets))
+
+    # -- inputs ------------------------------------------------------------------------------------
+
+    def _pixels(self, images) -> torch.Tensor:
+        images = torch.as_tensor(np.asarray(images))
+        n, size = self.config.num_images, self.config.image_size
+        expected = (size, size, 3) if n == 1 else (n, size, size, 3)
+        if images.dtype != torch.uint8 or tuple(images.shape[1:]) != expected:
+            raise ValueError(f"images have shape {tuple(images.shape)} and dtype {images.dtype}; expected uint8 "
+                             f"(batch, {', '.join(map(str, expected))}) upright RGB at {size} px")
+        images = images.reshape(-1, size, size, 3).permute(0, 3, 1, 2)
+        return images.to(self.device, self.dtype) / 255.0
+
+    def embed_images(self, images) -> torch.Tensor:
+        """(B, [num_images,] H, W, 3) uint8 → projected patch embeddings (B, num_images × patches, llm_dim)."""
+        features = self.projector(self.vision(self._pixels(images)))
+        return features.reshape(-1, self.config.num_images * features.shape[1], features.shape[2])
+
+    def _prompt(self, instruction: str) -> list[int]:
+        if instruction not in self._prompt_ids:
+            self._prompt_ids[instruction] = self.tokenizer(build_prompt(instruction), add_special_tokens=False).input_ids
+        return self._prompt_ids[instruction]
+
+    def prefix(self, images, instructions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded input embeddings [first token, patches, rest of prompt] and their attention mask."""
+        if len(instructions) != len(images):
+            raise ValueError(f"got {len(images)} images and {len(instructions)} instructions")
+        patches = self.embed_images(images)
+        embed = self.llm.get_input_embeddings()
+        prompts = [torch.tensor(self._prompt(i), device=self.device) for i in instructions]
+        length = patches.shape[1] + max(len(p) for p in prompts)
+        rows, masks = [], []
+        for prompt, row_patches in zip(prompts, patches):
+            tokens = embed(prompt)
+            pad = length - patches.shape[1] - len(prompt)
+            rows.append(torch.cat([tokens.new_zeros(pad, tokens.shape[1]), tokens[:1], row_patches, tokens[1:]]))
+            masks.append(torch.cat([torch.zeros(pad, dtype=torch.long), torch.ones(length - pad, dtype=torch.long)]))
+        return torch.stack(rows), torch.stack(masks).to(self.device)
+
+    # -- generation and scoring ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, images, instructions: list[str], temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> ActionQuery:
+        """Generate the action tokens of a whole batch with one KV cache (greedy when temperature is 0)."""
+        embeds, mask = self.prefix(images, instructions)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        cache, next_position = out.cache, positions[:, -1:] + 1
+        tokens, log_probs = [], []
+        embed = self.llm.get_input_embeddings()
+        for step in range(self.config.num_action_tokens):
+            logits = out.logits[:, -1].float()
+            scaled = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
+            if temperature > 0:
+                token = torch.multinomial(scaled.exp(), 1, generator=generator)[:, 0]
+            else:
+                token = logits.argmax(-1)
+            tokens.append(token)
+            log_probs.append(scaled.gather(-1, token[:, None])[:, 0])
+            if step + 1 == self.config.num_action_tokens:
+                break
+            mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
+            out = self.llm(inputs_embeds=embed(token[:, None]), attention_mask=mask, position_ids=next_position,
+                           cache=cache, use_cache=True, logits_to_keep=1)
+            cache, next_position = out.cache, next_position + 1
+        token_ids = torch.stack(tokens, dim=1)
+        return self.decode_tokens(token_ids, torch.stack(log_probs, dim=1))
+
+    def score(self, images, instructions: list[str], token_ids: torch.Tensor,
+              temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies (B, 7) of given action tokens in one forward pass (differentiable).
+
+        Uses the same distribution as `generate` with this temperature, so for the same weights and
+        inputs the log-probs equal the generation-time ones.
+        """
+        token_ids = torch.as_tensor(token_ids, device=self.device)
+        n = self.config.num_action_tokens
+        if token_ids.shape != (len(instructions), n):
+            raise ValueError(f"token_ids have shape {tuple(token_ids.shape)}; expected ({len(instructions)}, {n})")
+        embeds, mask = self.prefix(images, instructions)
+        embeds = torch.cat([embeds, self.llm.get_input_embeddings()(token_ids[:, :-1])], dim=1)
+        mask = torch.cat([mask, mask.new_ones(len(mask), n - 1)], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, logits_to_keep=n).logits
+        scaled = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+        log_probs = scaled.gather(-1, token_ids[..., None])[..., 0]
+        entropy = -(scaled.exp() * scaled).sum(-1)
+        return log_probs, entropy
+
+    def decode_tokens(self, token_ids: torch.Tensor, log_probs: torch.Tensor) -> ActionQuery:
+        """Token ids → VQ codes (clipped into the codebook, as MiniVLA does) → chunks → env actions."""
+        codes = (self.vocab_len - 1 - token_ids.cpu()).clamp(0, self.config.codebook_size - 1)
+        normalized = self.action_tokenizer.decode(codes).numpy().astype(np.float64)
+        actions = None
+        if self.statistics is not None:
+            actions = self.statistics.unnormalize(normalized)
+            actions[..., -1] = gripper_to_env(actions[..., -1])
+        return ActionQuery(token_ids, log_probs, codes, normalized, actions)

@@ -1,0 +1,207 @@
+"""MiniVLA at a tiny size with the real timm ViT and transformers Qwen2 classes."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.normalization import ActionStatistics
+from minivla_wmrl.policy import MiniVLA, preset
+from minivla_wmrl.policy.checkpoint import import_prismatic, load_policy, save_policy
+from minivla_wmrl.policy.tokenizer import build_prompt, tiny_qwen_style_tokenizer
+
+INSTRUCTIONS = ["Close the top drawer of the cabinet", "put the bowl on the plate", "turn on the stove"]
+
+
+def make_policy(seed=0, statistics=True):
+    torch.manual_seed(seed)
+    stats = None
+    if statistics:
+        actions = np.random.default_rng(seed).uniform(-1, 1, (200, 7))
+        actions[:, 6] = actions[:, 6] > 0
+        stats = ActionStatistics.from_actions(actions, num_trajectories=4)
+    return MiniVLA(preset("tiny"), tiny_qwen_style_tokenizer(), ActionTokenizer(), stats).eval()
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return make_policy()
+
+
+@pytest.fixture(scope="module")
+def images():
+    return np.random.default_rng(1).integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
+
+
+def test_prompt_is_the_qwen_chat_format():
+    assert build_prompt("Close The Drawer") == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nWhat action should the robot take to close the drawer?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_patches_are_inserted_after_the_first_token(policy, images):
+    embeds, mask = policy.prefix(images[:1], INSTRUCTIONS[:1])
+    prompt = policy.tokenizer(build_prompt(INSTRUCTIONS[0]), add_special_tokens=False).input_ids
+    table = policy.llm.get_input_embeddings().weight
+    assert embeds.shape[1] == len(prompt) + 256 and mask.all()
+    torch.testing.assert_close(embeds[0, 0], table[prompt[0]])
+    torch.testing.assert_close(embeds[0, 1:257], policy.embed_images(images[:1])[0])
+    torch.testing.assert_close(embeds[0, 257], table[prompt[1]])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generation_and_scoring_log_probs_agree(policy, images, temperature):
+    generator = torch.Generator().manual_seed(0)
+    query = policy.generate(images, INSTRUCTIONS, temperature=temperature, generator=generator)
+    assert query.token_ids.shape == (3, 7) and query.log_probs.shape == (3, 7)
+    log_probs, entropy = policy.score(images, INSTRUCTIONS, query.token_ids, temperature=temperature)
+    torch.testing.assert_close(log_probs, query.log_probs, atol=1e-5, rtol=0)
+    assert (entropy > 0).all() and (log_probs <= 0).all()
+
+
+def test_batched_generation_equals_one_env_at_a_time(policy, images):
+    batched = policy.generate(images, INSTRUCTIONS)
+    for i in range(3):
+        single = policy.generate(images[i:i + 1], INSTRUCTIONS[i:i + 1])
+        assert torch.equal(single.token_ids[0], batched.token_ids[i])
+        torch.testing.assert_close(single.log_probs[0], batched.log_probs[i], atol=1e-5, rtol=0)
+
+
+def test_tokens_decode_to_unnormalised_env_actions(policy):
+    codes = torch.tensor([[0, 1, 2, 3, 4, 5, 127]])
+    token_ids = policy.vocab_len - 1 - codes
+    query = policy.decode_tokens(token_ids, torch.zeros(1, 7))
+    assert torch.equal(query.codes, codes)
+    expected = policy.action_tokenizer.decode(codes).numpy()
+    np.testing.assert_allclose(query.normalized_chunks, expected, rtol=1e-6)
+    np.testing.assert_allclose(query.actions[..., :6], policy.statistics.unnormalize(expected)[..., :6], rtol=1e-6)
+    assert set(np.unique(query.actions[..., 6])) <= {-1.0, 1.0}
+    assert query.actions.shape == (1, 8, 7)
+
+
+def test_lora_trains_only_the_adapters(images):
+    policy = make_policy(seed=2)
+    policy.add_lora(r=4, alpha=8)
+    policy.set_trainable(vision=False, projector=False, llm=False)
+    for name, parameter in policy.llm.named_parameters():
+        parameter.requires_grad_("lora_" in name)
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert {n.split(".lora_")[0].rsplit(".", 1)[1] for n in trainable} == targets
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=1.0)
+    query = policy.generate(images, INSTRUCTIONS)
+    log_probs, _ = policy.score(images, INSTRUCTIONS, query.token_ids)
+    (-log_probs.mean()).backward()
+    optimizer.step()
+    changed = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and changed <= set(trainable)
+
+
+def test_bfloat16_generation_runs(images):
+    policy = make_policy(seed=3).to(torch.bfloat16)
+    query = policy.generate(images[:2], INSTRUCTIONS[:2])
+    assert query.token_ids.shape == (2, 7) and torch.isfinite(query.log_probs).all()
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_save_and_load_reproduce_outputs_exactly(images, tmp_path, lora):
+    policy = make_policy(seed=4)
+    if lora:
+        policy.add_lora(r=4, alpha=8)
+        with torch.no_grad():
+            for name, parameter in policy.llm.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_()  # non-zero adapters, so saving them matters
+    save_policy(policy, tmp_path / "ckpt", dataset_name="libero_90")
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {
+        "config.json", "model.safetensors", "tokenizer", "action_tokenizer", "dataset_statistics.json"}
+    loaded = load_policy(tmp_path / "ckpt")
+    a, b = policy.generate(images, INSTRUCTIONS), loaded.generate(images, INSTRUCTIONS)
+    assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.log_probs, b.log_probs)
+    np.testing.assert_array_equal(a.actions, b.actions)
+
+
+def write_prismatic_run(policy: MiniVLA, root):
+    """A Prismatic run directory, VQ folder and Qwen tokenizer directory with the real key layouts."""
+    run, vq, qwen = root / "run", root / "vq", root / "qwen"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"vla": {"type": "prism-qwen25-dinosiglip-224px+0_5b+mx-libero-90"}}))
+    (run / "dataset_statistics.json").write_text(json.dumps({"libero_90": policy.statistics.to_json()}))
+    model = {"vision_backbone": policy.vision.state_dict(), "projector": policy.projector.state_dict(),
+             "llm_backbone": {f"llm.{k}": v for k, v in policy.llm.state_dict().items()}}
+    torch.save({"model": model}, run / "checkpoints" / "step-010000-epoch-01-loss=0.1234.pt")
+    c = policy.action_tokenizer.config
+    (vq / "checkpoints").mkdir(parents=True)
+    (vq / "config.json").write_text(json.dumps({"input_dim_w": c.action_dim, "input_dim_h": c.chunk_len,
+                                                "n_latent_dims": c.latent_dim, "vqvae_n_embed": c.codebook_size,
+                                                "vqvae_groups": c.num_codebooks}))
+    state = policy.action_tokenizer.state_dict()
+    part = lambda prefix: {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}  # noqa: E731
+    torch.save({"encoder": part("encoder."), "decoder": part("decoder."), "vq_embedding": part("vq."), "optimizer": {}},
+               vq / "checkpoints" / "model.pt")
+    policy.tokenizer.save_pretrained(qwen)
+    return run, vq, qwen, model
+
+
+def test_prismatic_import_reproduces_outputs_exactly(policy, images, tmp_path):
+    run, vq, qwen, model = write_prismatic_run(policy, tmp_path)
+    assert any(k.startswith("dino_featurizer.") for k in model["vision_backbone"])
+    assert any(k.startswith("siglip_featurizer.") for k in model["vision_backbone"])
+    assert set(model["projector"]) == {f"projector.{i}.{p}" for i in (0, 2, 4) for p in ("weight", "bias")}
+    assert "llm.lm_head.weight" in model["llm_backbone"] and "llm.model.embed_tokens.weight" in model["llm_backbone"]
+    imported = import_prismatic(run, vq, qwen, preset_name="tiny")
+    a, b = policy.generate(images, INSTRUCTIONS), imported.generate(images, INSTRUCTIONS)
+    assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.log_probs, b.log_probs)
+    np.testing.assert_array_equal(a.actions, b.actions)
+
+
+def test_prismatic_import_of_the_wrong_preset_is_named(policy, tmp_path):
+    run, vq, qwen, _ = write_prismatic_run(policy, tmp_path)
+    with pytest.raises(ValueError, match="model.vision_backbone does not fit preset 'small'"):
+        import_prismatic(run, vq, qwen, preset_name="small")
+
+
+def test_bad_policy_inputs_are_named(policy, images):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    bare = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")))
+    with pytest.raises(ValueError, match="lacks the action tokens"):
+        MiniVLA(preset("tiny"), bare, ActionTokenizer())
+    small_vq = ActionTokenizer(ActionTokenizerConfig(num_codebooks=5))
+    with pytest.raises(ValueError, match="action tokenizer has 5 codebooks x 128 codes; the policy expects 7 x 128"):
+        MiniVLA(preset("tiny"), tiny_qwen_style_tokenizer(), small_vq)
+    with pytest.raises(ValueError, match=r"images have shape \(1, 256, 256, 3\) .* expected uint8 \(batch, 224, 224, 3\)"):
+        policy.generate(np.zeros((1, 256, 256, 3), np.uint8), INSTRUCTIONS[:1])
+    with pytest.raises(ValueError, match="dtype torch.float32"):
+        policy.generate(np.zeros((1, 224, 224, 3), np.float32), INSTRUCTIONS[:1])
+    with pytest.raises(ValueError, match=r"token_ids have shape \(3, 6\); expected \(3, 7\)"):
+        policy.score(images, INSTRUCTIONS, torch.zeros(3, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match="unknown policy preset 'huge'"):
+        preset("huge")
+
+
+def test_model_info_reports_the_published_sizes():
+    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "model-info", "--preset", "minivla-1b", "--json"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    counts = json.loads(done.stdout)
+    assert abs(counts["total"] - 1.25e9) / 1.25e9 < 0.02
+    assert abs(counts["dino"] - 303e6) / 303e6 < 0.01 and abs(counts["siglip"] - 428e6) / 428e6 < 0.01
+    assert abs(counts["projector"] - 27.6e6) / 27.6e6 < 0.01 and abs(counts["language_model"] - 494e6) / 494e6 < 0.01
+    assert counts["fused_vision_dim"] == 2176 and counts["visual_tokens"] == 256
+
+
+def test_bench_policy_measures_both_loops(tmp_path):
+    out = tmp_path / "policy.json"
+    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "policy", "--preset", "tiny", "--batch", "8",
+                           "--repeats", "1", "--naive-queries", "2", "--json", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["ratio"] == pytest.approx(result["batched_queries_per_s"] / result["naive_queries_per_s"])
