@@ -205,3 +205,18 @@ def test_bench_policy_measures_both_loops(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["ratio"] == pytest.approx(result["batched_queries_per_s"] / result["naive_queries_per_s"])
+
+
+def test_two_images_give_512_visual_tokens():
+    from minivla_wmrl.policy.config import MiniVLAConfig
+
+    torch.manual_seed(5)
+    config = MiniVLAConfig.from_dict(preset("tiny").to_dict() | {"num_images": 2})
+    policy = MiniVLA(config, tiny_qwen_style_tokenizer(), ActionTokenizer()).eval()
+    pair = np.random.default_rng(2).integers(0, 256, (2, 2, 224, 224, 3), dtype=np.uint8)  # agent view + wrist
+    assert policy.embed_images(pair).shape[1] == 512
+    query = policy.generate(pair, INSTRUCTIONS[:2])
+    log_probs, _ = policy.score(pair, INSTRUCTIONS[:2], query.token_ids)
+    torch.testing.assert_close(log_probs, query.log_probs, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"expected uint8 \(batch, 2, 224, 224, 3\)"):
+        policy.generate(pair[:, 0], INSTRUCTIONS[:2])
