@@ -67,7 +67,30 @@ def close_drawer(env: LiberoEnv, region: str) -> WaypointExpert:
     ])
 
 
-GOAL_EXPERTS = {"close": close_drawer}
+def _target_pos(env: LiberoEnv, name: str) -> np.ndarray:
+    """A goal target: a site (e.g. 'basket_1_contain_region') or an object (e.g. 'plate_1')."""
+    if name in [env.sim.model.site_id2name(i) for i in range(env.sim.model.nsite)]:
+        return _site_pos(env, name)
+    return np.array(env._raw_obs[f"{name}_pos"])
+
+
+def pick_and_place(env: LiberoEnv, obj: str, target: str, lift: float = 0.20, place_height: float = 0.10) -> WaypointExpert:
+    """Grasp an object from above at its centre, lift, carry over the target, lower, release."""
+    grasp, goal = np.array(env._raw_obs[f"{obj}_pos"]), _target_pos(env, target)
+    above_goal = np.r_[goal[:2], goal[2] + place_height]
+    return WaypointExpert([
+        Waypoint(grasp + [0, 0, 0.10], GRIPPER_OPEN, max_steps=40),
+        Waypoint(grasp, GRIPPER_OPEN, max_steps=30, tolerance=0.005),
+        Waypoint(grasp, GRIPPER_CLOSED, max_steps=12, tolerance=0.0),  # hold still while the fingers close
+        Waypoint(grasp + [0, 0, lift], GRIPPER_CLOSED, max_steps=40),
+        Waypoint(np.r_[goal[:2], grasp[2] + lift], GRIPPER_CLOSED, max_steps=60),
+        Waypoint(above_goal, GRIPPER_CLOSED, max_steps=30),
+        Waypoint(above_goal, GRIPPER_OPEN, max_steps=10, tolerance=0.0),
+        Waypoint(above_goal + [0, 0, 0.10], GRIPPER_OPEN, max_steps=30),
+    ])
+
+
+GOAL_EXPERTS = {"close": close_drawer, "in": pick_and_place, "on": pick_and_place}
 
 
 def goal_predicates(env: LiberoEnv) -> list[list[str]]:
@@ -88,7 +111,7 @@ def run_expert(env: LiberoEnv, init_state: int, render: bool = False) -> list[np
     """Run the scripted expert for one episode from `init_state`; returns the executed actions."""
     env.reset(init_state, render=render)
     expert, actions = expert_for(env), []
-    while not env.done:
+    while not env.done and not expert.finished:
         actions.append(expert.act(env.eef_pos()))
         env.step(actions[-1], render=render)
     return actions

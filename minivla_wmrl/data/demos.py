@@ -1,0 +1,133 @@
+"""`minivla-wmrl demos`: scripted demonstrations in the real simulator, written as LIBERO hdf5.
+
+Each task's file (`<TASK_NAME>_demo.hdf5`) has the original LIBERO layout: `data` attributes
+(env_name, problem_info, macros_image_convention, bddl_file_name, bddl_file_content, env_args,
+num_demos, total), one `data/demo_N` group per successful episode with `num_samples`,
+`model_file`, `init_state`, and datasets `actions`, `obs/*`, `states`, `robot_states`,
+`rewards`, `dones`. Observation t is the one action t was chosen from. Images are stored raw
+(OpenGL, upside down), as LIBERO stores them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from robosuite.utils.transform_utils import quat2axisangle
+from tqdm import tqdm
+
+from envs.experts import expert_for
+from envs.libero_env import LiberoEnv
+
+
+@dataclass
+class Episode:
+    init_state: int
+    actions: list = field(default_factory=list)
+    agentview: list = field(default_factory=list)
+    wrist: list = field(default_factory=list)
+    states: list = field(default_factory=list)
+    low_dim: list = field(default_factory=list)
+    success: bool = False
+
+
+def record_episode(env: LiberoEnv, init_state: int) -> Episode:
+    """Run the task's scripted expert from `init_state`, recording every observation before each action."""
+    episode = Episode(init_state)
+    observation = env.reset(init_state)
+    expert = expert_for(env)
+    while not env.done and not expert.finished:
+        action = expert.act(env.eef_pos())
+        episode.actions.append(action)
+        episode.agentview.append(observation.images["agentview"][::-1])  # back to LIBERO's raw OpenGL frame
+        episode.wrist.append(observation.images["wrist"][::-1])
+        episode.states.append(env.get_state())
+        episode.low_dim.append(observation.state)
+        observation = env.step(action).observation
+    episode.success = env.success
+    return episode
+
+
+def _write_task_file(path: Path, env: LiberoEnv, episodes: list[Episode]) -> None:
+    import h5py
+
+    bddl = Path(env.bddl_file)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            data = f.create_group("data")
+            data.attrs.update(
+                env_name=env.problem_name, problem_info=json.dumps({"problem_name": env.problem_name,
+                                                                    "language_instruction": env.instruction}),
+                macros_image_convention="opengl", bddl_file_name=str(bddl), bddl_file_content=bddl.read_text(),
+                env_args=json.dumps({"type": 1, "env_name": env.problem_name, "bddl_file": str(bddl),
+                                     "env_kwargs": {"camera_heights": env.resolution, "camera_widths": env.resolution,
+                                                    "camera_names": ["agentview", "robot0_eye_in_hand"],
+                                                    "control_freq": 20, "controller": "OSC_POSE"}}),
+                num_demos=len(episodes), total=sum(len(e.actions) for e in episodes))
+            for i, episode in enumerate(episodes):
+                demo = data.create_group(f"demo_{i}")
+                steps = len(episode.actions)
+                demo.attrs.update(num_samples=steps, model_file=env.sim.model.get_xml(),
+                                  init_state=episode.states[0])
+                low = {k: np.stack([s[k] for s in episode.low_dim]) for k in
+                       ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos", "robot0_joint_pos")}
+                axis_angle = np.stack([quat2axisangle(q) for q in low["robot0_eef_quat"]])
+                demo["actions"] = np.stack(episode.actions)
+                demo["states"] = np.stack(episode.states)
+                demo["robot_states"] = np.concatenate([low["robot0_gripper_qpos"], low["robot0_eef_pos"],
+                                                       low["robot0_eef_quat"]], axis=1)
+                rewards = np.zeros(steps)
+                rewards[-1] = 1
+                demo["rewards"], demo["dones"] = rewards, rewards.astype(np.uint8)
+                obs = demo.create_group("obs")
+                obs["agentview_rgb"] = np.stack(episode.agentview)
+                obs["eye_in_hand_rgb"] = np.stack(episode.wrist)
+                obs["gripper_states"] = low["robot0_gripper_qpos"]
+                obs["joint_states"] = low["robot0_joint_pos"]
+                obs["ee_pos"], obs["ee_ori"] = low["robot0_eef_pos"], axis_angle
+                obs["ee_states"] = np.concatenate([low["robot0_eef_pos"], axis_angle], axis=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def generate_demos(suite: str, task: int | str, num: int, out: Path, init_states: list[int] | None = None,
+                   resolution: int = 128) -> dict:
+    """Record scripted episodes until `num` succeed (or the init states run out); write the successes."""
+    env = LiberoEnv(suite, task, cameras=("agentview", "wrist"), resolution=resolution)
+    try:
+        init_states = list(range(env.num_init_states)) if init_states is None else init_states
+        successes, tried = [], []
+        for init_state in tqdm(init_states, desc=env.task.name[:40]):
+            episode = record_episode(env, init_state)
+            tried.append(init_state)
+            if episode.success:
+                successes.append(episode)
+                if len(successes) == num:
+                    break
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{env.task.name}_demo.hdf5"
+        if successes:
+            _write_task_file(path, env, successes)
+        return {"suite": suite, "task": env.task_index, "name": env.task.name, "file": str(path) if successes else None,
+                "tried": len(tried), "succeeded": len(successes), "success_rate": len(successes) / len(tried),
+                "failed_init_states": sorted(set(tried) - {e.init_state for e in successes})}
+    finally:
+        env.close()
+
+
+def main(args) -> None:
+    out = Path(args.out)
+    init_states = list(range(args.first_init_state, args.first_init_state + args.max_episodes))
+    reports = [generate_demos(args.suite, task, args.num, out, init_states, args.resolution) for task in args.tasks]
+    print("| task | name | scripted success | demos written |\n|---|---|---|---|")
+    for r in reports:
+        print(f"| {r['task']} | {r['name']} | {r['succeeded']}/{r['tried']} = {r['success_rate']:.0%} | {r['succeeded']} |")
+    (out / "demos_report.json").write_text(json.dumps(reports, indent=2))
