@@ -10,7 +10,8 @@ import torch
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.data.chunks import episode_chunks
-from minivla_wmrl.train.vq import VQTrainConfig, load_episodes, reconstruction_l1, train_action_tokenizer
+from minivla_wmrl.data.dataset import read_episodes
+from minivla_wmrl.train.vq import VQTrainConfig, reconstruction_l1, train_action_tokenizer
 
 QWEN_VOCAB_WITH_EXTRAS = 151921  # Qwen2.5's 151665 tokens + 256 <|extra_*|>
 
@@ -31,7 +32,7 @@ def expert_demo_file(libero_env, tmp_path_factory):
 def trained(expert_demo_file):
     from minivla_wmrl.normalization import ActionStatistics
 
-    episodes, _ = load_episodes([expert_demo_file])
+    episodes = [e.actions for e in read_episodes([expert_demo_file], image_key=None)]
     stats = ActionStatistics.from_actions(np.concatenate(episodes), num_trajectories=len(episodes))
     chunks = [episode_chunks(stats.normalize(e)) for e in episodes]
     train_chunks, val_chunks = np.concatenate(chunks[:8]), np.concatenate(chunks[8:])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer
-from minivla_wmrl.data.libero_hdf5 import drop_noops, read_demo_actions
+from minivla_wmrl.data.dataset import keep_mask, read_episodes
 from minivla_wmrl.normalization import read_statistics
 
 from tests.test_action_tokenizer import expert_demo_file  # noqa: F401 - the shared fixture
@@ -31,25 +31,31 @@ def test_vq_command_trains_and_writes_tokenizer_and_statistics(expert_demo_file,
 
 def test_bad_demonstration_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothere.hdf5 does not exist"):
-        read_demo_actions(tmp_path / "nothere.hdf5")
+        read_episodes([tmp_path / "nothere.hdf5"], image_key=None)
     (tmp_path / "corrupt.hdf5").write_bytes(b"not an hdf5 file")
     with pytest.raises(ValueError, match="corrupt.hdf5 is not a readable hdf5 file"):
-        read_demo_actions(tmp_path / "corrupt.hdf5")
+        read_episodes([tmp_path / "corrupt.hdf5"], image_key=None)
     with h5py.File(tmp_path / "nan.hdf5", "w") as f:
-        f.create_dataset("data/demo_0/actions", data=np.zeros((5, 7)))
-        f.create_dataset("data/demo_1/actions", data=np.full((5, 7), np.nan))
+        f.create_dataset("data/demo_0/actions", data=np.ones((9, 7)))
+        f.create_dataset("data/demo_1/actions", data=np.full((9, 7), np.nan))
     with pytest.raises(ValueError, match=r"nan.hdf5: data/demo_1/actions contains NaN"):
-        read_demo_actions(tmp_path / "nan.hdf5")
+        read_episodes([tmp_path / "nan.hdf5"], image_key=None)
     with h5py.File(tmp_path / "noactions.hdf5", "w") as f:
         f.create_dataset("data/demo_0/states", data=np.zeros((5, 3)))
-    with pytest.raises(ValueError, match=r"noactions.hdf5: data/demo_0 has no 'actions'"):
-        read_demo_actions(tmp_path / "noactions.hdf5")
+    with pytest.raises(ValueError, match=r"noactions.hdf5: data/demo_0 lacks 'actions'"):
+        read_episodes([tmp_path / "noactions.hdf5"], image_key=None)
     done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "vq", "--data", str(tmp_path / "nan.hdf5"),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert done.returncode == 1 and "data/demo_1/actions contains NaN" in done.stderr
 
 
+def test_demo_shorter_than_a_chunk_is_named(tmp_path):
+    with h5py.File(tmp_path / "short.hdf5", "w") as f:
+        f.create_dataset("data/demo_0/actions", data=np.ones((5, 7)))
+    with pytest.raises(ValueError, match=r"short.hdf5: data/demo_0 has 5 actions .* fewer than one chunk \(8\)"):
+        read_episodes([tmp_path / "short.hdf5"], image_key=None)
+
+
 def test_noop_filtering_keeps_gripper_changes():
     actions = np.array([[0.1] * 6 + [-1], [0] * 6 + [-1], [0] * 6 + [1], [0] * 6 + [1], [0.2] * 6 + [1]], float)
-    kept = drop_noops(actions)
-    np.testing.assert_array_equal(kept, actions[[0, 2, 4]])
+    np.testing.assert_array_equal(keep_mask(actions), [True, False, True, False, True])

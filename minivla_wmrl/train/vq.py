@@ -1,6 +1,6 @@
 """`minivla-wmrl vq`: train the residual-VQ action tokenizer on demonstration action chunks.
 
-Raw LIBERO actions → no-op filtering → training gripper convention → BOUNDS_Q99 statistics →
+Raw LIBERO actions → no-op filtering → training gripper convention (`read_episodes`) → BOUNDS_Q99 statistics →
 normalised chunks (reference padding) → episodes split into train and held-out → Adam on L1 +
 commitment (codebooks move by EMA). Writes the tokenizer, `dataset_statistics.json` and metrics.
 """
@@ -17,8 +17,8 @@ from tqdm import tqdm
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.data.chunks import episode_chunks
-from minivla_wmrl.data.libero_hdf5 import drop_noops, read_demo_actions
-from minivla_wmrl.normalization import ActionStatistics, gripper_to_training, write_statistics
+from minivla_wmrl.data.dataset import read_episodes
+from minivla_wmrl.normalization import ActionStatistics, write_statistics
 
 
 @dataclass
@@ -32,23 +32,6 @@ class VQTrainConfig:
     val_fraction: float = 0.1  # fraction of episodes held out for the reconstruction error
     seed: int = 0
     device: str = "cpu"
-
-
-def load_episodes(paths: list[Path]) -> tuple[list[np.ndarray], list[str]]:
-    """Training-convention action arrays of every demo in the given files (directories: their *.hdf5)."""
-    files = []
-    for path in map(Path, paths):
-        files.extend(sorted(path.glob("*.hdf5")) if path.is_dir() else [path])
-    if not files:
-        raise FileNotFoundError(f"no demonstration files found in {', '.join(map(str, paths))}")
-    episodes, names = [], []
-    for file in files:
-        for i, actions in enumerate(read_demo_actions(file)):
-            actions = drop_noops(actions)
-            actions = np.concatenate([actions[:, :-1], gripper_to_training(actions[:, -1:])], axis=1)
-            episodes.append(actions)
-            names.append(f"{file.name}:demo_{i}")
-    return episodes, names
 
 
 def split_episodes(num_episodes: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,11 +77,8 @@ def train_action_tokenizer(train_chunks: np.ndarray, val_chunks: np.ndarray | No
 
 
 def main(args) -> None:
-    episodes, _ = load_episodes(args.data)
+    episodes = [e.actions for e in read_episodes(args.data, args.chunk_len, image_key=None)]
     config = ActionTokenizerConfig(chunk_len=args.chunk_len, action_dim=episodes[0].shape[1])
-    dims = {e.shape[1] for e in episodes}
-    if len(dims) != 1:
-        raise ValueError(f"demonstrations mix action dimensions {sorted(dims)}")
     train_config = VQTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                                  val_fraction=args.val_fraction, device=args.device)
     train_ids, val_ids = split_episodes(len(episodes), train_config.val_fraction, train_config.seed)

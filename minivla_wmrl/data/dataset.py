@@ -1,0 +1,165 @@
+"""A torch dataset of (upright image, instruction, normalised action chunk) from LIBERO hdf5 files.
+
+Reads the original layout, the no-noops variant and our generated files. Actions are no-op
+filtered, put in the training gripper convention, normalised with BOUNDS_Q99 statistics of the
+training episodes, and cut into chunks with the reference padding. Images are read lazily (a
+LIBERO-90 set does not fit in memory), turned upright as the env does, and resized to the
+policy's size (bicubic, antialiased).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from minivla_wmrl.data.chunks import episode_chunks
+from minivla_wmrl.normalization import ActionStatistics, gripper_to_training
+
+def _demo_order(name: str) -> int:
+    match = re.fullmatch(r"demo_(\d+)", name)
+    return int(match.group(1)) if match else -1
+
+
+def keep_mask(actions: np.ndarray, threshold: float = 1e-4) -> np.ndarray:
+    """LIBERO's "no-noops" rule as a mask: drop an action whose first six dims have norm < threshold
+    and whose gripper equals the previous kept action's (those steps teach a policy to stand still)."""
+    keep = np.ones(len(actions), bool)
+    previous_gripper = None
+    for i, action in enumerate(actions):
+        if np.linalg.norm(action[:6]) < threshold and previous_gripper is not None and action[6] == previous_gripper:
+            keep[i] = False
+        else:
+            previous_gripper = action[6]
+    return keep
+
+
+IMAGE_TRANSFORMS = {"minivla": lambda f: f[..., ::-1, :, :], "openvla": lambda f: f[..., ::-1, ::-1, :]}
+
+
+@dataclass
+class DemoEpisode:
+    file: Path
+    demo: str
+    instruction: str
+    actions: np.ndarray  # (T, 7) training convention, no-ops dropped
+    frames: np.ndarray  # indices into the stored frames, one per kept action
+    image_convention: str  # how the stored frames are oriented ("opengl": raw, upside down)
+
+
+def _instruction(handle, path: Path) -> str:
+    info = handle["data"].attrs.get("problem_info")
+    if info is not None:
+        return json.loads(info)["language_instruction"]
+    # The no-noops files drop the file attributes; LIBERO names files after the task.
+    name = path.name.removesuffix("_demo.hdf5").removesuffix("_no_noops")
+    words = name.split("_")
+    while words and words[0].isupper():
+        words = words[1:]
+    return " ".join(words)
+
+
+def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None = "agentview_rgb",
+                  wrist_key: str | None = None) -> list[DemoEpisode]:
+    """Every demo of every file (directories: their *.hdf5), validated: a problem names the file and
+    the demo. With `image_key=None` only the actions are needed (action-tokenizer training)."""
+    import h5py
+
+    files = []
+    for path in map(Path, paths):
+        files.extend(sorted(path.glob("*.hdf5")) if path.is_dir() else [path])
+    if not files:
+        raise FileNotFoundError(f"no demonstration files found in {', '.join(map(str, paths))}")
+    episodes = []
+    for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"demonstration file {path} does not exist")
+        try:
+            handle = h5py.File(path, "r")
+        except OSError as error:
+            raise ValueError(f"{path} is not a readable hdf5 file ({error})") from None
+        with handle:
+            if "data" not in handle:
+                raise ValueError(f"{path} has no 'data' group; expected the LIBERO layout data/demo_N")
+            instruction = _instruction(handle, path)
+            convention = handle["data"].attrs.get("macros_image_convention", "opengl")
+            demos = sorted((k for k in handle["data"] if _demo_order(k) >= 0), key=_demo_order)
+            if not demos:
+                raise ValueError(f"{path} has no data/demo_N groups")
+            for demo in demos:
+                group = handle["data"][demo]
+                for key in ["actions"] + [f"obs/{k}" for k in (image_key, wrist_key) if k]:
+                    if key not in group:
+                        raise ValueError(f"{path}: data/{demo} lacks '{key}'")
+                raw = np.asarray(group["actions"], dtype=np.float64)
+                if raw.ndim != 2 or raw.shape[1] != 7:
+                    raise ValueError(f"{path}: data/{demo}/actions has shape {raw.shape}; expected (T, 7)")
+                if not np.all(np.isfinite(raw)):
+                    raise ValueError(f"{path}: data/{demo}/actions contains NaN/inf")
+                if image_key and len(group[f"obs/{image_key}"]) != len(raw):
+                    raise ValueError(f"{path}: data/{demo} has {len(group[f'obs/{image_key}'])} frames for {len(raw)} actions")
+                keep = np.flatnonzero(keep_mask(raw))
+                if len(keep) < chunk_len:
+                    raise ValueError(f"{path}: data/{demo} has {len(keep)} actions after no-op filtering, fewer than "
+                                     f"one chunk ({chunk_len})")
+                actions = raw[keep]
+                actions[:, 6] = gripper_to_training(actions[:, 6])
+                episodes.append(DemoEpisode(path, demo, instruction, actions, keep, convention))
+    return episodes
+
+
+class DemoDataset(Dataset):
+    """One item per kept step: image(s) (uint8, upright, `image_size`), instruction, chunk (normalised)."""
+
+    def __init__(self, episodes: list[DemoEpisode], statistics: ActionStatistics, chunk_len: int = 8,
+                 image_size: int = 224, image_key: str = "agentview_rgb", wrist_key: str | None = None,
+                 image_convention: str = "minivla"):
+        if image_convention not in IMAGE_TRANSFORMS:
+            raise ValueError(f"unknown image_convention {image_convention!r}; expected one of {list(IMAGE_TRANSFORMS)}")
+        self.episodes, self.statistics = episodes, statistics
+        self.image_size, self.keys = image_size, [image_key] + ([wrist_key] if wrist_key else [])
+        self.upright = IMAGE_TRANSFORMS[image_convention]
+        self.chunks = [episode_chunks(statistics.normalize(e.actions), chunk_len).astype(np.float32) for e in episodes]
+        self.index = [(e, t) for e, episode in enumerate(episodes) for t in range(len(episode.actions))]
+        self._handles: dict[Path, object] = {}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _frames(self, episode: DemoEpisode, t: int) -> np.ndarray:
+        import h5py
+
+        if episode.file not in self._handles:  # one handle per file and per loader worker
+            self._handles[episode.file] = h5py.File(episode.file, "r")
+        group = self._handles[episode.file]["data"][episode.demo]["obs"]
+        frames = np.stack([group[k][episode.frames[t]] for k in self.keys])
+        if episode.image_convention == "opengl":
+            frames = self.upright(frames)
+        return np.ascontiguousarray(frames)
+
+    def _resize(self, frames: np.ndarray) -> np.ndarray:
+        if frames.shape[1] == self.image_size and frames.shape[2] == self.image_size:
+            return frames
+        x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
+        x = torch.nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bicubic",
+                                            antialias=True, align_corners=False)
+        return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+    def __getitem__(self, i: int) -> dict:
+        e, t = self.index[i]
+        frames = self._resize(self._frames(self.episodes[e], t))
+        return {"image": frames[0] if len(self.keys) == 1 else frames, "instruction": self.episodes[e].instruction,
+                "chunk": self.chunks[e][t]}
+
+    def __getstate__(self):
+        return {**self.__dict__, "_handles": {}}
+
+
+def collate(items: list[dict]) -> dict:
+    return {"image": np.stack([it["image"] for it in items]), "instruction": [it["instruction"] for it in items],
+            "chunk": torch.from_numpy(np.stack([it["chunk"] for it in items]))}
