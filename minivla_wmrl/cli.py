@@ -54,6 +54,12 @@ def _demos(args) -> None:
     main(args)
 
 
+def _sft(args) -> None:
+    from minivla_wmrl.train.sft import main
+
+    main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minivla-wmrl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     vq.add_argument("--device", default="cpu")
     vq.add_argument("--dataset-name", default="libero", help="key in dataset_statistics.json")
     vq.set_defaults(run=_vq)
+
+    sft = commands.add_parser("sft", help="supervised fine-tuning of the policy on demonstrations")
+    sft.add_argument("recipe", help="YAML recipe (sections: data, policy, vq, sft; plus out, resume)")
+    sft.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. sft.lr=1e-4")
+    sft.set_defaults(run=_sft)
 
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")

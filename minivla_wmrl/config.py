@@ -1,17 +1,94 @@
-"""Building config dataclasses from dicts (JSON files, recipes) with unknown keys named."""
+"""Config dataclasses from dicts, YAML recipes and `key=value` overrides, with every error naming the key."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import TypeVar
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
 
 T = TypeVar("T")
 
 
 def config_from_dict(cls: type[T], data: dict, where: str) -> T:
-    """`cls(**data)`, but an unknown key is an error naming `where`, the key and the known keys."""
-    known = {f.name for f in fields(cls)}
+    """Build `cls` (nested dataclasses included) from a dict; unknown keys and wrong types are errors."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; expected a subset of {sorted(known)}")
-    return cls(**data)
+    values = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = config_from_dict(hint, value, f"{where}.{name}")
+        else:
+            values[name] = _check_type(value, hint, f"{where}.{name}")
+    return cls(**values)
+
+
+def _check_type(value: Any, hint: Any, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        for option in args:
+            try:
+                return _check_type(value, option, where)
+            except ValueError:
+                continue
+        raise ValueError(f"{where}: {value!r} is not a {hint}")
+    if hint is type(None):
+        if value is None:
+            return None
+        raise ValueError(f"{where}: expected null, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {value!r}")
+        return [_check_type(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)] if args else list(value)
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a mapping, got {value!r}")
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):  # YAML 1.1 reads "3e-3" (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{where}: expected float, got {value!r}") from None
+    if hint in (int, float, str, bool):
+        if isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+            return value
+        raise ValueError(f"{where}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `section.key=value` strings (values parsed as YAML) to a nested dict."""
+    for override in overrides:
+        if "=" not in override:
+            raise ValueError(f"override {override!r} is not key=value")
+        key, raw = override.split("=", 1)
+        node, parts = data, key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {key}: {part} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_recipe(cls: type[T], path: Path, overrides: list[str] = ()) -> T:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"recipe {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"recipe {path} is not valid YAML: {error}") from None
+    return config_from_dict(cls, apply_overrides(data, list(overrides)), str(path))

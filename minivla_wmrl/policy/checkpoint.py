@@ -25,18 +25,24 @@ from minivla_wmrl.policy.tokenizer import add_action_tokens
 FORMAT = "minivla-wmrl-policy/1"
 
 
-def save_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset") -> Path:
+def write_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset") -> None:
+    """Write the checkpoint files into an existing directory (callers make it atomic)."""
     from safetensors.torch import save_model
 
+    directory = Path(directory)
+    meta = {"format": FORMAT, "policy": policy.config.to_dict(), "lora": getattr(policy, "lora", None),
+            "dataset_name": dataset_name}
+    (directory / "config.json").write_text(json.dumps(meta, indent=2))
+    save_model(policy, str(directory / "model.safetensors"))  # handles Qwen's tied embeddings
+    policy.tokenizer.save_pretrained(directory / "tokenizer")
+    policy.action_tokenizer.save(directory / "action_tokenizer")
+    if policy.statistics is not None:
+        write_statistics(directory / "dataset_statistics.json", {dataset_name: policy.statistics})
+
+
+def save_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset") -> Path:
     with atomic_directory(directory) as tmp:
-        meta = {"format": FORMAT, "policy": policy.config.to_dict(), "lora": getattr(policy, "lora", None),
-                "dataset_name": dataset_name}
-        (tmp / "config.json").write_text(json.dumps(meta, indent=2))
-        save_model(policy, str(tmp / "model.safetensors"))  # handles Qwen's tied embeddings
-        policy.tokenizer.save_pretrained(tmp / "tokenizer")
-        policy.action_tokenizer.save(tmp / "action_tokenizer")
-        if policy.statistics is not None:
-            write_statistics(tmp / "dataset_statistics.json", {dataset_name: policy.statistics})
+        write_policy(policy, tmp, dataset_name)
     return Path(directory)
 
 

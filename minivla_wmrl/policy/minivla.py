@@ -17,7 +17,7 @@ from torch import nn
 from minivla_wmrl.action_tokenizer import ActionTokenizer
 from minivla_wmrl.normalization import ActionStatistics, gripper_to_env
 from minivla_wmrl.policy.config import MiniVLAConfig
-from minivla_wmrl.policy.tokenizer import build_prompt, check_action_tokens
+from minivla_wmrl.policy.tokenizer import END_TOKENS, build_prompt, check_action_tokens
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -190,6 +190,16 @@ class MiniVLA(nn.Module):
         token_ids = torch.stack(tokens, dim=1)
         return self.decode_tokens(token_ids, torch.stack(log_probs, dim=1))
 
+    def target_logits(self, images, instructions: list[str], targets: torch.Tensor) -> torch.Tensor:
+        """Logits (B, n, vocab) predicting each of n given target tokens after the prompt (teacher forcing)."""
+        targets = torch.as_tensor(targets, device=self.device)
+        n = targets.shape[1]
+        embeds, mask = self.prefix(images, instructions)
+        embeds = torch.cat([embeds, self.llm.get_input_embeddings()(targets[:, :-1])], dim=1)
+        mask = torch.cat([mask, mask.new_ones(len(mask), n - 1)], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, logits_to_keep=n).logits
+
     def score(self, images, instructions: list[str], token_ids: torch.Tensor,
               temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies (B, 7) of given action tokens in one forward pass (differentiable).
@@ -201,15 +211,17 @@ class MiniVLA(nn.Module):
         n = self.config.num_action_tokens
         if token_ids.shape != (len(instructions), n):
             raise ValueError(f"token_ids have shape {tuple(token_ids.shape)}; expected ({len(instructions)}, {n})")
-        embeds, mask = self.prefix(images, instructions)
-        embeds = torch.cat([embeds, self.llm.get_input_embeddings()(token_ids[:, :-1])], dim=1)
-        mask = torch.cat([mask, mask.new_ones(len(mask), n - 1)], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, logits_to_keep=n).logits
+        logits = self.target_logits(images, instructions, token_ids)
         scaled = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
         log_probs = scaled.gather(-1, token_ids[..., None])[..., 0]
         entropy = -(scaled.exp() * scaled).sum(-1)
         return log_probs, entropy
+
+    def sft_targets(self, chunks: torch.Tensor) -> torch.Tensor:
+        """Normalised chunks → training targets: the 7 action tokens, then <|im_end|><|endoftext|>."""
+        codes = self.action_tokenizer.encode(chunks.cpu())
+        ends = torch.tensor(self.tokenizer.convert_tokens_to_ids(list(END_TOKENS))).expand(len(codes), -1)
+        return torch.cat([self.vocab_len - 1 - codes, ends], dim=1).to(self.device)
 
     def decode_tokens(self, token_ids: torch.Tensor, log_probs: torch.Tensor) -> ActionQuery:
         """Token ids → VQ codes (clipped into the codebook, as MiniVLA does) → chunks → env actions."""

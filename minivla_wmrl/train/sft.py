@@ -1,0 +1,281 @@
+"""`minivla-wmrl sft RECIPE [key=value ...]`: supervised fine-tuning of MiniVLA on demonstrations.
+
+Reads the demos, splits episodes into train and held out, computes the BOUNDS_Q99 statistics,
+trains (or loads) the action tokenizer, then trains the policy with teacher forcing on the 7
+action tokens and the two end tokens. AdamW at a constant lr with grad clipping and gradient
+accumulation; bf16 autocast on CUDA. Metrics go to `metrics.jsonl` and TensorBoard; checkpoints
+(`checkpoints/step_N/`: the policy plus `training_state.pt`) are atomic, and a run restarted with
+the same recipe resumes from the latest one with the same data order, RNG and optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+from tqdm import tqdm
+
+from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.config import load_recipe
+from minivla_wmrl.data.chunks import episode_chunks
+from minivla_wmrl.data.dataset import DemoDataset, collate, read_episodes
+from minivla_wmrl.normalization import ActionStatistics
+from minivla_wmrl.policy import MiniVLA, preset
+from minivla_wmrl.policy.checkpoint import load_policy, write_policy
+from minivla_wmrl.train.vq import VQTrainConfig, split_episodes, train_action_tokenizer
+
+
+@dataclass
+class DataConfig:
+    paths: list[str] = field(default_factory=list)  # LIBERO hdf5 files or directories of them
+    val_fraction: float = 0.1  # episodes held out for validation
+    image_key: str = "agentview_rgb"
+    wrist_key: str | None = None  # e.g. "eye_in_hand_rgb" for a two-image policy
+    image_convention: str = "minivla"  # must match the env setting used at evaluation
+    chunk_len: int = 8
+    dataset_name: str = "libero"  # key in dataset_statistics.json
+
+
+@dataclass
+class PolicySetup:
+    preset: str = "tiny"
+    tokenizer: str = "tiny"  # "tiny" (built in code) or a local Qwen2.5 tokenizer directory
+    init_checkpoint: str | None = None  # start from one of our checkpoints (e.g. an imported MiniVLA)
+    lora: bool = False  # MiniVLA's released SFT is a full fine-tune
+    lora_r: int = 16
+    lora_alpha: int = 32
+    freeze_vision: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"  # "bfloat16": autocast on CUDA
+
+
+@dataclass
+class VQSetup:
+    path: str | None = None  # an existing action tokenizer (ours or the released MiniVLA VQ folder)
+    train: VQTrainConfig = field(default_factory=VQTrainConfig)
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 1000
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float = 2e-5  # MiniVLA: constant
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    log_every: int = 10
+    eval_every: int = 100
+    save_every: int = 500
+    val_batches: int = 4
+    num_workers: int = 0
+    seed: int = 0
+
+
+@dataclass
+class SFTRecipe:
+    out: str = "runs/sft"
+    resume: bool = True  # continue from the latest checkpoint in `out` when there is one
+    data: DataConfig = field(default_factory=DataConfig)
+    policy: PolicySetup = field(default_factory=PolicySetup)
+    vq: VQSetup = field(default_factory=VQSetup)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+
+class ResumableBatchSampler(Sampler):
+    """Batches of a fresh seeded permutation each epoch (last partial batch dropped), from any batch index."""
+
+    def __init__(self, size: int, batch_size: int, seed: int, start_batch: int = 0):
+        if size < batch_size:
+            raise ValueError(f"{size} training samples are fewer than one batch of {batch_size}")
+        self.size, self.batch_size, self.seed, self.start_batch = size, batch_size, seed, start_batch
+        self.per_epoch = size // batch_size
+
+    def __iter__(self):
+        batch = self.start_batch
+        while True:
+            epoch, offset = divmod(batch, self.per_epoch)
+            order = np.random.default_rng((self.seed, epoch)).permutation(self.size)
+            for b in range(offset, self.per_epoch):
+                yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+            batch = (epoch + 1) * self.per_epoch
+
+    def __len__(self) -> int:
+        return 2**62
+
+
+def _tokenizer(spec: str):
+    from minivla_wmrl.policy.tokenizer import add_action_tokens, tiny_qwen_style_tokenizer
+
+    if spec == "tiny":
+        return tiny_qwen_style_tokenizer()
+    from transformers import AutoTokenizer
+
+    if not Path(spec).is_dir():
+        raise FileNotFoundError(f"policy.tokenizer {spec!r} is neither 'tiny' nor a local tokenizer directory "
+                                "(Qwen2.5-0.5B's tokenizer is published at huggingface.co/Qwen/Qwen2.5-0.5B)")
+    tokenizer = AutoTokenizer.from_pretrained(spec)
+    add_action_tokens(tokenizer)
+    return tokenizer
+
+
+def _configure_training(policy: MiniVLA, setup: PolicySetup) -> None:
+    """Freeze what the recipe freezes; with LoRA only the adapters of the language model train."""
+    if setup.lora and not getattr(policy, "lora", None):
+        policy.add_lora(setup.lora_r, setup.lora_alpha)
+    policy.set_trainable(vision=not setup.freeze_vision, projector=True, llm=not setup.lora)
+    if setup.lora:
+        for name, parameter in policy.llm.named_parameters():
+            parameter.requires_grad_("lora_" in name)
+
+
+def step_metrics(policy: MiniVLA, batch: dict, autocast) -> tuple[torch.Tensor, dict]:
+    """Cross entropy on action + end tokens, action-token accuracy, L1 of the decoded first action."""
+    targets = policy.sft_targets(batch["chunk"])
+    with autocast():
+        logits = policy.target_logits(batch["image"], batch["instruction"], targets)
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    n = policy.config.num_action_tokens
+    predicted = logits[:, :n].argmax(-1)
+    accuracy = (predicted == targets[:, :n]).float().mean()
+    decoded = policy.decode_tokens(predicted, torch.zeros_like(predicted, dtype=torch.float32)).normalized_chunks
+    l1 = np.abs(decoded[:, 0] - batch["chunk"][:, 0].numpy()).mean()
+    return loss, {"loss": loss.item(), "action_accuracy": accuracy.item(), "l1_first_action": float(l1)}
+
+
+def _latest_checkpoint(out: Path) -> Path | None:
+    found = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(re.sub(r"\D", "", p.name)))
+    return found[-1] if found else None
+
+
+def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
+    c, out = recipe.sft, Path(recipe.out)
+    random.seed(c.seed), np.random.seed(c.seed), torch.manual_seed(c.seed)
+    episodes = read_episodes(recipe.data.paths, recipe.data.chunk_len, recipe.data.image_key, recipe.data.wrist_key)
+    train_ids, val_ids = split_episodes(len(episodes), recipe.data.val_fraction, c.seed)
+    statistics = ActionStatistics.from_actions(np.concatenate([episodes[i].actions for i in train_ids]),
+                                               num_trajectories=len(train_ids))
+    resume_from = _latest_checkpoint(out) if recipe.resume else None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2))
+
+    device = torch.device(recipe.policy.device)
+    dtype = torch.bfloat16 if recipe.policy.dtype == "bfloat16" else torch.float32
+    if resume_from is not None:
+        policy = load_policy(resume_from, device=recipe.policy.device)
+    elif recipe.policy.init_checkpoint:
+        policy = load_policy(Path(recipe.policy.init_checkpoint), device=recipe.policy.device)
+        policy.statistics = statistics
+    else:
+        if recipe.vq.path:
+            action_tokenizer = ActionTokenizer.load(Path(recipe.vq.path))
+        else:
+            def chunks(ids):
+                return np.concatenate([episode_chunks(statistics.normalize(episodes[i].actions), recipe.data.chunk_len)
+                                       for i in ids])
+
+            action_tokenizer, _ = train_action_tokenizer(
+                chunks(train_ids), chunks(val_ids) if len(val_ids) else None,
+                ActionTokenizerConfig(chunk_len=recipe.data.chunk_len), recipe.vq.train)
+        policy = MiniVLA(preset(recipe.policy.preset), _tokenizer(recipe.policy.tokenizer), action_tokenizer,
+                         statistics).to(device)
+    _configure_training(policy, recipe.policy)
+    policy.train()
+
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=c.lr, weight_decay=c.weight_decay)
+    start_step = 0
+    if resume_from is not None:
+        state = torch.load(resume_from / "training_state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"]), np.random.set_state(state["numpy_rng"]), random.setstate(state["python_rng"])
+        start_step = state["step"]
+
+    def dataset(ids):
+        return DemoDataset([episodes[i] for i in ids], policy.statistics, recipe.data.chunk_len,
+                           policy.config.image_size, recipe.data.image_key, recipe.data.wrist_key,
+                           recipe.data.image_convention)
+
+    train_set = dataset(train_ids)
+    loader = DataLoader(train_set, batch_sampler=ResumableBatchSampler(len(train_set), c.batch_size, c.seed,
+                                                                      start_step * c.grad_accum),
+                        collate_fn=collate, num_workers=c.num_workers)
+    val_set = dataset(val_ids) if len(val_ids) else None
+    use_bf16 = dtype == torch.bfloat16 and device.type == "cuda"
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16)
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    metrics_path = out / "metrics.jsonl"
+    kept = [line for line in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
+            if json.loads(line)["step"] <= start_step]  # drop what an interrupted run logged after its checkpoint
+    metrics_path.write_text("".join(line + "\n" for line in kept))
+    writer = SummaryWriter(out / "tensorboard")
+    batches = iter(loader)
+    history, last = [], {}
+
+    def save(step: int) -> None:
+        with atomic_directory(out / "checkpoints" / f"step_{step:07d}") as tmp:
+            write_policy(policy, tmp, recipe.data.dataset_name)
+            torch.save({"optimizer": optimizer.state_dict(), "step": step, "torch_rng": torch.get_rng_state(),
+                        "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}, tmp / "training_state.pt")
+
+    with open(metrics_path, "a") as log:
+        for step in tqdm(range(start_step + 1, c.steps + 1), desc="sft", disable=not progress,
+                         initial=start_step, total=c.steps):
+            totals = {}
+            for _ in range(c.grad_accum):
+                loss, metrics = step_metrics(policy, next(batches), autocast)
+                (loss / c.grad_accum).backward()
+                for k, v in metrics.items():
+                    totals[k] = totals.get(k, 0.0) + v / c.grad_accum
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            record = {"step": step, **totals, "grad_norm": float(grad_norm), "lr": c.lr}
+            if val_set is not None and (step % c.eval_every == 0 or step == c.steps):
+                record.update(validate(policy, val_set, c, autocast))
+            if step % c.log_every == 0 or step == c.steps or "val_loss" in record:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                for k, v in record.items():
+                    if k != "step":
+                        writer.add_scalar(f"sft/{k}", v, step)
+            history.append(record)
+            last = record
+            if step % c.save_every == 0 or step == c.steps:
+                save(step)
+    writer.close()
+    return {"history": history, "last": last, "checkpoint": str(_latest_checkpoint(out))}
+
+
+@torch.no_grad()
+def validate(policy: MiniVLA, val_set: DemoDataset, c: SFTConfig, autocast) -> dict:
+    policy.eval()
+    size = min(c.batch_size, len(val_set))
+    totals, count = {}, 0
+    for b in range(min(c.val_batches, len(val_set) // size)):
+        batch = collate([val_set[i] for i in range(b * size, (b + 1) * size)])
+        _, metrics = step_metrics(policy, batch, autocast)
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + v
+        count += 1
+    policy.train()
+    return {f"val_{k}": v / max(count, 1) for k, v in totals.items()}
+
+
+def main(args) -> None:
+    recipe = load_recipe(SFTRecipe, Path(args.recipe), args.overrides)
+    result = train_sft(recipe)
+    last = result["last"]
+    print(f"step {last['step']}: loss {last['loss']:.4f}, action-token accuracy {last['action_accuracy']:.3f}"
+          + (f", held-out accuracy {last['val_action_accuracy']:.3f}" if "val_action_accuracy" in last else ""))
+    print(f"checkpoint: {result['checkpoint']}")
