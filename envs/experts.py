@@ -60,10 +60,15 @@ def _site_pos(env: LiberoEnv, name: str) -> np.ndarray:
 def close_drawer(env: LiberoEnv, region: str) -> WaypointExpert:
     """Close a drawer: open fingers straddle its handle from the front, then push it home."""
     site = _site_pos(env, region)
+    cabinet = region.rsplit("_", 2)[0]  # e.g. wooden_cabinet_1_top_region -> wooden_cabinet_1
+    body = np.array(env.sim.data.body_xpos[env.sim.model.body_name2id(f"{cabinet}_main")])
+    inward = np.r_[body[:2] - site[:2], 0]  # from the open drawer towards the cabinet: the closing direction
+    inward /= np.linalg.norm(inward)
+    front = site - 0.16 * inward + [0, 0, 0.02]  # level with the handle, in front of the open drawer
     return WaypointExpert([
-        Waypoint(site + [0, 0.16, 0.03], GRIPPER_OPEN, max_steps=40),
-        Waypoint(site + [0, 0.16, 0.0], GRIPPER_OPEN, max_steps=20),
-        Waypoint(site + [0, -0.30, 0.0], GRIPPER_OPEN, max_steps=80, gain=1.0),
+        Waypoint(front + [0, 0, 0.03], GRIPPER_OPEN, max_steps=40),
+        Waypoint(front, GRIPPER_OPEN, max_steps=20),
+        Waypoint(front + 0.46 * inward, GRIPPER_OPEN, max_steps=80, gain=1.0),
     ])
 
 
