@@ -50,11 +50,13 @@ class StepResult:
 class RobotEnv(ABC):
     """A robot environment behind the project's interface.
 
-    Attributes set by implementations: `instruction`, `action_dim`, `max_steps` (the episode cap
-    after the wait steps), `num_init_states` (None when init states are generated from seeds),
-    `cameras` (the camera names rendered into observations).
+    Attributes set by implementations: `task_id` (unique per task, e.g. "libero_90/0"),
+    `instruction`, `action_dim`, `max_steps` (the episode cap after the wait steps),
+    `num_init_states` (None when init states are generated from seeds), `cameras` (the camera
+    names rendered into observations).
     """
 
+    task_id: str
     instruction: str
     action_dim: int
     max_steps: int

@@ -58,7 +58,7 @@ class GymRobotEnv(RobotEnv):
         space = self._env.action_space
         if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
             raise ValueError(f"{env_id} has action space {space}; GymRobotEnv needs a 1-D Box")
-        self.env_id, self.instruction, self.image_key = env_id, instruction, image_key
+        self.env_id, self.task_id, self.instruction, self.image_key = env_id, env_id, instruction, image_key
         self.proprio_keys, self.seed = proprio_keys, seed
         self.action_dim = space.shape[0]
         self.action_low, self.action_high = space.low.astype(np.float64), space.high.astype(np.float64)

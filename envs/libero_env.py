@@ -104,6 +104,7 @@ class LiberoEnv(RobotEnv):
         bench = get_suite(suite)
         self.suite, self.task_index = suite, resolve_task(bench, task)
         self.task = bench.get_task(self.task_index)
+        self.task_id = f"{suite}/{self.task_index}"
         self.init_states = bench.get_task_init_states(self.task_index)
         self.num_init_states = len(self.init_states)
         self.instruction = self.task.language
@@ -181,6 +182,21 @@ class LiberoEnv(RobotEnv):
             self._raw_obs, _, _, _ = self._env.step(WAIT_ACTION)
         self._begin_episode()
         return self.observe() if render else None
+
+    def sample_init_state(self, seed: int) -> np.ndarray:
+        """A new raw init state drawn by LIBERO's own placement samplers from an RNG seeded with `seed`.
+
+        The published 50 init states were drawn by the same samplers; new draws give RL training
+        states disjoint from the evaluation states (see `minivla_wmrl.init_states`).
+        """
+        global_rng = np.random.get_state()
+        np.random.seed(seed)
+        try:
+            self._render_next = False
+            self._env.reset()
+        finally:
+            np.random.set_state(global_rng)
+        return self.get_state()
 
     def _prepare_render(self, render_next: bool) -> None:
         self._render_next = render_next or self.render_every_step

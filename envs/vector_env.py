@@ -32,6 +32,7 @@ class EnvFailure:
 
 @dataclass
 class EnvInfo:
+    task_id: str
     instruction: str
     action_dim: int
     max_steps: int
@@ -43,7 +44,7 @@ def _worker(factory: EnvFactory, conn, env_vars: dict[str, str]) -> None:
     os.environ.update(env_vars)
     try:
         env = factory()
-        conn.send(("ok", EnvInfo(env.instruction, env.action_dim, env.max_steps, env.num_init_states, env.cameras)))
+        conn.send(("ok", EnvInfo(env.task_id, env.instruction, env.action_dim, env.max_steps, env.num_init_states, env.cameras)))
     except BaseException:  # noqa: BLE001 - reported to the parent, which decides
         conn.send(("error", traceback.format_exc()))
         return

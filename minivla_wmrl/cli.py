@@ -60,6 +60,18 @@ def _sft(args) -> None:
     main(args)
 
 
+def _eval(args) -> None:
+    from minivla_wmrl.evaluate import main
+
+    main(args)
+
+
+def _bench_rollout(args) -> None:
+    from minivla_wmrl.bench.rollout import main
+
+    main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minivla-wmrl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -99,6 +111,26 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. sft.lr=1e-4")
     sft.set_defaults(run=_sft)
 
+    evaluation = commands.add_parser("eval", help="evaluate a checkpoint with the standard LIBERO protocol")
+    evaluation.add_argument("--checkpoint", required=True, help="policy checkpoint directory")
+    evaluation.add_argument("--suite", required=True)
+    evaluation.add_argument("--tasks", nargs="*", help="task indices or names (default: every task of the suite)")
+    evaluation.add_argument("--trials", type=int, default=50, help="trials per task; trial i uses init state i")
+    evaluation.add_argument("--first-trial", type=int, default=0)
+    evaluation.add_argument("--out", default="runs/eval")
+    evaluation.add_argument("--envs", type=int, default=2, help="parallel simulator workers")
+    evaluation.add_argument("--execute-steps", type=int, default=1,
+                            help="actions per query: 1 = MiniVLA protocol, 8 = OpenVLA-OFT")
+    evaluation.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the protocol)")
+    evaluation.add_argument("--seed", type=int, default=0)
+    evaluation.add_argument("--max-steps", type=int, help="override the suite's protocol step cap")
+    evaluation.add_argument("--image-convention", default="minivla", choices=["minivla", "openvla"])
+    evaluation.add_argument("--videos", default="all", choices=["all", "failures", "successes", "none"])
+    evaluation.add_argument("--videos-per-task", type=int, help="keep at most this many videos per task")
+    evaluation.add_argument("--device", default="cpu")
+    evaluation.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    evaluation.set_defaults(run=_eval)
+
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")
     info.add_argument("--json", action="store_true", help="print JSON")
@@ -123,6 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--device", default="cpu")
     policy.add_argument("--json", help="write the result as JSON here")
     policy.set_defaults(run=_bench_policy)
+    rollout = bench.add_parser("rollout", help="env steps/s: rollout engine vs a naive loop, on LIBERO")
+    rollout.add_argument("--preset", default="small")
+    rollout.add_argument("--envs", type=int, default=2)
+    rollout.add_argument("--episodes", type=int, default=4, help="episodes per mode")
+    rollout.add_argument("--suite", default="libero_90")
+    rollout.add_argument("--task", default="0")
+    rollout.add_argument("--max-steps", type=int, default=64, help="episode cap after the wait steps")
+    rollout.add_argument("--execute-steps", type=int, default=8)
+    rollout.add_argument("--json", help="write the result as JSON here")
+    rollout.set_defaults(run=_bench_rollout)
     return parser
 
 

@@ -10,7 +10,7 @@ from envs.base import Observation, RobotEnv
 class SleepyEnv(RobotEnv):
     """Counts steps; an action whose first entry is > 0 makes the step sleep that many seconds."""
 
-    instruction, action_dim, max_steps, num_init_states, cameras = "wait", 2, 100, None, ()
+    task_id, instruction, action_dim, max_steps, num_init_states, cameras = "sleepy", "wait", 2, 100, None, ()
 
     def reset(self, init_state=0, render=True):
         self._begin_episode()

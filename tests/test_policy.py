@@ -9,22 +9,12 @@ import pytest
 import torch
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.policy import MiniVLA, preset
 from minivla_wmrl.policy.checkpoint import import_prismatic, load_policy, save_policy
 from minivla_wmrl.policy.tokenizer import build_prompt, tiny_qwen_style_tokenizer
+from tests.tiny_policy import make_policy
 
 INSTRUCTIONS = ["Close the top drawer of the cabinet", "put the bowl on the plate", "turn on the stove"]
-
-
-def make_policy(seed=0, statistics=True):
-    torch.manual_seed(seed)
-    stats = None
-    if statistics:
-        actions = np.random.default_rng(seed).uniform(-1, 1, (200, 7))
-        actions[:, 6] = actions[:, 6] > 0
-        stats = ActionStatistics.from_actions(actions, num_trajectories=4)
-    return MiniVLA(preset("tiny"), tiny_qwen_style_tokenizer(), ActionTokenizer(), stats).eval()
 
 
 @pytest.fixture(scope="module")

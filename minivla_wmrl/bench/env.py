@@ -70,7 +70,7 @@ def format_table(result: dict) -> str:
             ("floor", "no rendering")]
     lines = [f"LIBERO {result['suite']} task {result['task']}: one {result['steps']}-step episode "
              f"(+10 wait steps), median of {result['repeats']}",
-             f"| mode   | seconds | x engine | what |", "|---|---|---|---|"]
+             "| mode   | seconds | x engine | what |", "|---|---|---|---|"]
     for mode, what in rows:
         lines.append(f"| {mode:6s} | {result[mode + '_s']:7.2f} | {result[mode + '_s'] / result['engine_s']:8.2f} | {what} |")
     lines.append(f"speedup (naive / engine) = {result['speedup']:.1f}x")

@@ -23,6 +23,7 @@ from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.policy.tokenizer import add_action_tokens
 
 FORMAT = "minivla-wmrl-policy/1"
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer", "action_tokenizer")
 
 
 def write_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset") -> None:
@@ -62,9 +63,13 @@ def load_policy(directory: Path, device: str = "cpu", dtype: torch.dtype = torch
     from transformers import AutoTokenizer
 
     directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"policy checkpoint {directory} does not exist")
+    missing = [name for name in CHECKPOINT_FILES if not (directory / name).exists()]
+    if missing:
+        raise FileNotFoundError(f"policy checkpoint {directory} lacks {', '.join(missing)}; a checkpoint holds "
+                                f"{', '.join(CHECKPOINT_FILES)} (and dataset_statistics.json)")
     config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"policy checkpoint {directory} has no config.json")
     meta = json.loads(config_path.read_text())
     if meta.get("format") != FORMAT:
         raise ValueError(f"{config_path} is not a {FORMAT} checkpoint (a Prismatic run directory? use import_prismatic)")

@@ -164,8 +164,18 @@ class MiniVLA(nn.Module):
 
     @torch.no_grad()
     def generate(self, images, instructions: list[str], temperature: float = 0.0,
-                 generator: torch.Generator | None = None) -> ActionQuery:
-        """Generate the action tokens of a whole batch with one KV cache (greedy when temperature is 0)."""
+                 generator: torch.Generator | None = None, uniforms: np.ndarray | None = None) -> ActionQuery:
+        """Generate the action tokens of a whole batch with one KV cache (greedy when temperature is 0).
+
+        Sampling draws from `generator`, or, when `uniforms` (B, 7) in [0, 1) are given, picks each
+        token by inverse CDF from its row's uniform: a row's sample then depends only on its own
+        noise, whatever else is in the batch (rollouts give each episode its own RNG this way).
+        """
+        if uniforms is not None:
+            uniforms = torch.as_tensor(np.asarray(uniforms), dtype=torch.float64)
+            if uniforms.shape != (len(instructions), self.config.num_action_tokens):
+                raise ValueError(f"uniforms have shape {tuple(uniforms.shape)}; expected "
+                                 f"({len(instructions)}, {self.config.num_action_tokens})")
         embeds, mask = self.prefix(images, instructions)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
@@ -175,7 +185,11 @@ class MiniVLA(nn.Module):
         for step in range(self.config.num_action_tokens):
             logits = out.logits[:, -1].float()
             scaled = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
-            if temperature > 0:
+            if temperature > 0 and uniforms is not None:
+                cdf = scaled.double().exp().cumsum(-1)
+                u = (uniforms[:, step:step + 1] * cdf[:, -1:].cpu()).to(cdf.device)
+                token = torch.searchsorted(cdf, u)[:, 0].clamp(max=cdf.shape[1] - 1)
+            elif temperature > 0:
                 token = torch.multinomial(scaled.exp(), 1, generator=generator)[:, 0]
             else:
                 token = logits.argmax(-1)

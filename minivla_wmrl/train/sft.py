@@ -182,7 +182,7 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
 
             action_tokenizer, _ = train_action_tokenizer(
                 chunks(train_ids), chunks(val_ids) if len(val_ids) else None,
-                ActionTokenizerConfig(chunk_len=recipe.data.chunk_len), recipe.vq.train)
+                ActionTokenizerConfig(chunk_len=recipe.data.chunk_len), recipe.vq.train, progress=progress)
         policy = MiniVLA(preset(recipe.policy.preset), _tokenizer(recipe.policy.tokenizer), action_tokenizer,
                          statistics).to(device)
     _configure_training(policy, recipe.policy)

@@ -48,7 +48,7 @@ def reconstruction_l1(tokenizer: ActionTokenizer, chunks: torch.Tensor) -> float
 
 
 def train_action_tokenizer(train_chunks: np.ndarray, val_chunks: np.ndarray | None, config: ActionTokenizerConfig,
-                           train: VQTrainConfig, log=None) -> tuple[ActionTokenizer, list[dict]]:
+                           train: VQTrainConfig, log=None, progress: bool = True) -> tuple[ActionTokenizer, list[dict]]:
     torch.manual_seed(train.seed)
     tokenizer = ActionTokenizer(config).to(train.device)
     train_t = torch.as_tensor(train_chunks, dtype=torch.float32, device=train.device)
@@ -57,7 +57,7 @@ def train_action_tokenizer(train_chunks: np.ndarray, val_chunks: np.ndarray | No
                                  weight_decay=train.weight_decay)
     generator = torch.Generator(device="cpu").manual_seed(train.seed)
     history = []
-    for step in tqdm(range(1, train.steps + 1), desc="vq", disable=log is None):
+    for step in tqdm(range(1, train.steps + 1), desc="vq", disable=not progress):
         batch = train_t[torch.randint(len(train_t), (min(train.batch_size, len(train_t)),), generator=generator)]
         tokenizer.train()
         _, _, losses = tokenizer(batch)

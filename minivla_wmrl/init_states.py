@@ -1,0 +1,55 @@
+"""The split of each task's init states into evaluation states and RL training states.
+
+Evaluation uses the protocol's states: trial i starts from LIBERO's published init state i
+(0..49). RL must not train on them (peers do, and their RL numbers leak the test set), so RL
+training states are new draws of LIBERO's own placement samplers, from seeds
+`TRAIN_SEED_BASE + k`, checked to differ from every evaluation state. Training on evaluation
+states needs `allow_eval_states=True`, and says so in the run's logs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TRAIN_SEED_BASE = 100_000  # RL training init state k of a task is drawn with seed TRAIN_SEED_BASE + k
+
+
+def evaluation_init_states(num_trials: int, num_init_states: int | None, first_trial: int = 0) -> list[int]:
+    """Trial i ↔ init state i, as the protocol has it (trials first_trial .. first_trial + num_trials - 1)."""
+    if num_trials < 1 or first_trial < 0:
+        raise ValueError(f"need trials >= 1 and first_trial >= 0, got {num_trials} and {first_trial}")
+    if num_init_states is not None and first_trial + num_trials > num_init_states:
+        raise ValueError(f"trials {first_trial}..{first_trial + num_trials - 1} requested but the task has "
+                         f"{num_init_states} evaluation init states (0..{num_init_states - 1})")
+    return list(range(first_trial, first_trial + num_trials))
+
+
+def check_disjoint(train_states: np.ndarray, eval_states: np.ndarray, task_id: str, atol: float = 1e-6) -> None:
+    """Raise if any training state equals an evaluation state (same simulator state within atol)."""
+    train_states, eval_states = np.atleast_2d(train_states), np.atleast_2d(eval_states)
+    if train_states.shape[1] != eval_states.shape[1]:
+        raise ValueError(f"{task_id}: training states have {train_states.shape[1]} dims, evaluation states "
+                         f"{eval_states.shape[1]}")
+    for k, state in enumerate(train_states):
+        hits = np.flatnonzero(np.all(np.abs(eval_states - state) <= atol, axis=1))
+        if len(hits):
+            raise ValueError(f"{task_id}: RL training init state {k} equals evaluation init state {hits[0]}; RL must "
+                             "not train on evaluation states (set allow_eval_states to do it on purpose)")
+
+
+def training_init_states(env, count: int, first: int = 0) -> np.ndarray:
+    """`count` RL training states of a LIBERO env, drawn with seeds TRAIN_SEED_BASE + first + k."""
+    states = np.stack([env.sample_init_state(TRAIN_SEED_BASE + first + k) for k in range(count)])
+    check_disjoint(states, env.init_states, env.task_id)
+    return states
+
+
+def select_rl_init_states(indices: list[int] | None, num_eval_states: int | None, allow_eval_states: bool,
+                          task_id: str) -> list[int] | None:
+    """Validate an explicit list of protocol init-state indices for RL; None means generated states."""
+    if indices is None:
+        return None
+    if num_eval_states is not None and not allow_eval_states:
+        raise ValueError(f"{task_id}: RL on init states {indices[:5]}... of the evaluation set leaks the test set; "
+                         "leave rl init states unset (new states are drawn) or set allow_eval_states=true")
+    return list(indices)

@@ -1,0 +1,207 @@
+"""The rollout engine: a batched policy drives a pool of envs, one generation call per query.
+
+Every query batches all live envs into one `policy.generate` call; each env then runs the first
+`execute_steps` actions of its chunk open loop (1: re-query every step, MiniVLA's protocol;
+8: the whole chunk, OpenVLA-OFT's). Envs render only at query points, and only the cameras the
+policy reads. When an env's episode ends it starts the next pending episode of its task, so the
+pool stays full. Each episode samples from its own RNG (seeded by the run seed and the episode
+seed), so a trajectory does not depend on which env ran it or what else was in the batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from envs.base import Observation, StepResult
+from envs.vector_env import EnvFailure
+
+
+class Policy(Protocol):
+    """What the engine needs from a policy (MiniVLA has it): `config.num_images`,
+    `config.num_action_tokens`, `action_tokenizer.config.chunk_len` and `generate`."""
+
+    config: Any
+    action_tokenizer: Any
+
+    def generate(self, images, instructions: list[str], temperature: float = 0.0, generator=None,
+                 uniforms: np.ndarray | None = None):
+        """→ an object with `token_ids` (B, n), `log_probs` (B, n) and `actions` (B, chunk, action_dim)."""
+
+
+@dataclass
+class RolloutConfig:
+    execute_steps: int = 1  # actions executed per query before re-querying (1: MiniVLA, 8: OpenVLA-OFT)
+    temperature: float = 0.0  # 0: greedy (evaluation); > 0: sampling (RL)
+    seed: int = 0  # run seed; with each episode's seed it fixes the episode's sampling noise
+    record_frames: bool = True  # keep the images of every query (GRPO re-scores them; the world model reads them)
+
+
+@dataclass
+class EpisodeSpec:
+    """One episode to run: which task, from which init state, with which sampling seed."""
+
+    task_id: str
+    init_state: int | np.ndarray
+    seed: int = 0
+    tag: Any = None  # the caller's key, e.g. (task, trial); returned unchanged
+
+
+@dataclass
+class Trajectory:
+    """One finished episode. Query q saw `frames[q]` after `query_steps[q]` env steps."""
+
+    spec: EpisodeSpec
+    instruction: str
+    success: bool
+    length: int  # env steps executed after the wait steps
+    success_step: int | None  # 1-based step at which success was first reached
+    failure: str | None  # why the infrastructure cut the episode short (worker crash, timeout, exception)
+    frames: np.ndarray  # (Q, [num_cameras,] H, W, 3) uint8, or an empty array when frames are not recorded
+    final_frame: np.ndarray | None  # the images after the last step
+    token_ids: np.ndarray  # (Q, n) int64
+    log_probs: np.ndarray  # (Q, n) float32, under the sampling distribution
+    query_steps: np.ndarray  # (Q,) int64
+    executed: np.ndarray  # (Q,) actions executed from each query's chunk
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class _Running:
+    spec: EpisodeSpec
+    instruction: str
+    rng: np.random.Generator
+    observation: Observation
+    steps: int = 0
+    frames: list = field(default_factory=list)
+    token_ids: list = field(default_factory=list)
+    log_probs: list = field(default_factory=list)
+    query_steps: list = field(default_factory=list)
+    executed: list = field(default_factory=list)
+
+    def finish(self, result: StepResult | None, failure: str | None, cameras, record_frames: bool) -> Trajectory:
+        final = None
+        if result is not None and result.observation is not None:
+            final = _policy_images([result.observation], cameras)[0]
+        n = len(self.token_ids[0]) if self.token_ids else 0
+        return Trajectory(
+            spec=self.spec, instruction=self.instruction,
+            success=bool(result is not None and result.success and failure is None), length=self.steps,
+            success_step=result.success_step if result is not None and failure is None else None, failure=failure,
+            frames=np.stack(self.frames) if record_frames and self.frames else np.zeros((0,), np.uint8),
+            final_frame=final,
+            token_ids=np.asarray(self.token_ids, np.int64).reshape(-1, n),
+            log_probs=np.asarray(self.log_probs, np.float32).reshape(-1, n),
+            query_steps=np.asarray(self.query_steps, np.int64), executed=np.asarray(self.executed, np.int64))
+
+
+def _policy_images(observations: Sequence[Observation], cameras: tuple[str, ...]) -> np.ndarray:
+    """(B, H, W, 3) for one camera, (B, num_cameras, H, W, 3) for several."""
+    if len(cameras) == 1:
+        return np.stack([o.images[cameras[0]] for o in observations])
+    return np.stack([np.stack([o.images[c] for c in cameras]) for o in observations])
+
+
+def episode_rng(run_seed: int, episode_seed: int) -> np.random.Generator:
+    return np.random.default_rng([run_seed, episode_seed])
+
+
+class RolloutEngine:
+    """Run episodes with `policy` on `envs` (a `VectorEnv`, or anything with its reset/step/infos API).
+
+    Args:
+        cameras: the env cameras the policy reads, in its image order; default: the first
+            `policy.config.num_images` cameras the envs render.
+    """
+
+    def __init__(self, policy: Policy, envs, config: RolloutConfig, cameras: tuple[str, ...] | None = None):
+        if config.execute_steps < 1:
+            raise ValueError(f"execute_steps must be >= 1, got {config.execute_steps}")
+        if config.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {config.temperature}")
+        self.policy, self.envs, self.config = policy, envs, config
+        infos = envs.infos
+        if cameras is None:
+            cameras = infos[0].cameras[:policy.config.num_images]
+        for i, info in enumerate(infos):
+            missing = [c for c in cameras if c not in info.cameras]
+            if missing:
+                raise ValueError(f"env {i} ({info.task_id}) renders {list(info.cameras)}; the policy needs {missing}")
+        self.cameras = tuple(cameras)
+        chunk_len = policy.action_tokenizer.config.chunk_len
+        if config.execute_steps > chunk_len:
+            raise ValueError(f"execute_steps {config.execute_steps} exceeds the policy's chunk length {chunk_len}")
+        self.num_tokens = policy.config.num_action_tokens
+
+    def run(self, specs: Sequence[EpisodeSpec], on_episode: Callable[[Trajectory], None] | None = None,
+            progress: bool = True, desc: str = "rollouts") -> list[Trajectory]:
+        """Run every spec once; trajectories come back in the order of `specs`."""
+        infos = self.envs.infos
+        tasks = {info.task_id for info in infos}
+        unknown = sorted({s.task_id for s in specs} - tasks)
+        if unknown:
+            raise ValueError(f"episodes for task(s) {unknown} but the envs run {sorted(tasks)}")
+        order = {id(s): k for k, s in enumerate(specs)}
+        pending: dict[str, deque] = {t: deque(s for s in specs if s.task_id == t) for t in tasks}
+        running: dict[int, _Running] = {}
+        done: list[Trajectory | None] = [None] * len(specs)
+        c = self.config
+        bar = tqdm(total=len(specs), desc=desc, disable=not progress, leave=False)
+
+        def finish(i: int, result: StepResult | None, failure: str | None) -> None:
+            trajectory = running.pop(i).finish(result, failure, self.cameras, c.record_frames)
+            done[order[id(trajectory.spec)]] = trajectory
+            bar.update(1)
+            if on_episode is not None:
+                on_episode(trajectory)
+
+        while running or any(pending.values()):
+            starts: list = [None] * self.envs.num_envs
+            for i, info in enumerate(infos):
+                if i not in running and pending[info.task_id]:
+                    starts[i] = pending[info.task_id].popleft()
+            if any(s is not None for s in starts):
+                observations = self.envs.reset([s.init_state if s is not None else None for s in starts])
+                for i, (spec, observation) in enumerate(zip(starts, observations)):
+                    if spec is None:
+                        continue
+                    running[i] = _Running(spec, infos[i].instruction, episode_rng(c.seed, spec.seed), observation)
+                    if isinstance(observation, EnvFailure):
+                        finish(i, None, observation.reason)
+            live = sorted(running)
+            if not live:
+                continue
+            images = _policy_images([running[i].observation for i in live], self.cameras)
+            uniforms = np.stack([running[i].rng.random(self.num_tokens) for i in live]) if c.temperature > 0 else None
+            query = self.policy.generate(images, [running[i].instruction for i in live], temperature=c.temperature,
+                                         uniforms=uniforms)
+            actions: list = [None] * self.envs.num_envs
+            for j, i in enumerate(live):
+                actions[i] = query.actions[j, :c.execute_steps]
+                episode = running[i]
+                if c.record_frames:
+                    episode.frames.append(images[j])
+                episode.token_ids.append(query.token_ids[j].cpu().numpy())
+                episode.log_probs.append(query.log_probs[j].float().cpu().numpy())
+                episode.query_steps.append(episode.steps)
+            for i, result in zip(range(self.envs.num_envs), self.envs.step(actions)):
+                if result is None:
+                    continue
+                episode = running[i]
+                episode.executed.append(result.steps)
+                episode.steps += result.steps
+                if result.failure is not None:
+                    finish(i, result, result.failure)
+                elif result.done:
+                    finish(i, result, None)
+                else:
+                    episode.observation = result.observation
+        bar.close()
+        return done  # type: ignore[return-value]

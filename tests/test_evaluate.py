@@ -1,0 +1,118 @@
+"""`minivla-wmrl eval` on the real simulator with a tiny policy; resume; the init-state split; bad input."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import imageio.v2 as imageio
+import numpy as np
+import pytest
+
+from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.evaluate import EvalConfig, evaluate, read_episodes
+from minivla_wmrl.init_states import check_disjoint, select_rl_init_states, training_init_states
+from minivla_wmrl.policy.checkpoint import save_policy
+from tests.tiny_policy import make_policy
+
+MAX_STEPS = 16  # two 8-action queries per episode
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_policy(make_policy(seed=7), tmp_path_factory.mktemp("ckpt") / "policy")
+
+
+def config(checkpoint, out, **overrides) -> EvalConfig:
+    settings = dict(checkpoint=str(checkpoint), suite="libero_90", out=str(out), tasks=["0", "46"], trials=2, envs=2,
+                    execute_steps=8, max_steps=MAX_STEPS)
+    return EvalConfig(**{**settings, **overrides})
+
+
+def test_two_tasks_two_trials_write_results_and_videos(checkpoint, tmp_path):
+    info = evaluate(config(checkpoint, tmp_path), progress=False)
+    assert [t["task"] for t in info["per_task"]] == [0, 46]
+    assert info["overall"]["trials"] == 4 and info["complete"]
+    on_disk = json.loads((tmp_path / "eval_info.json").read_text())
+    assert on_disk["overall"] == info["overall"] and on_disk["per_suite"]["libero_90"]["trials"] == 4
+    s = on_disk["settings"]
+    assert (s["sampling"], s["execute_steps"], s["max_steps"], s["protocol_max_steps"]) == ("greedy", 8, MAX_STEPS, False)
+    assert (s["image_convention"], s["resolution"], s["seed"], s["device"]) == ("minivla", 224, 0, "cpu")
+    assert len(s["checkpoint_sha256"]) == 64 and s["renderer"]["MUJOCO_GL"] == "egl"
+    for task in on_disk["per_task"]:
+        assert [e["trial"] for e in task["episodes"]] == [0, 1]
+        assert task["successes"] == sum(e["success"] for e in task["episodes"])
+        for episode in task["episodes"]:
+            assert episode["length"] == MAX_STEPS and episode["failure"] is None
+            frames = imageio.mimread(tmp_path / episode["video"])
+            assert len(frames) == 3  # two queries and the final frame
+            assert frames[0].shape == (224 + 18, 224, 3)
+    table = (tmp_path / "eval_table.md").read_text()
+    assert "| 46 |" in table and "/2 |" in table
+
+
+def test_killed_evaluation_resumes_and_counts_each_trial_once(checkpoint, tmp_path):
+    command = [sys.executable, "-m", "minivla_wmrl.cli", "eval", "--checkpoint", str(checkpoint), "--suite",
+               "libero_90", "--tasks", "0", "--trials", "3", "--envs", "1", "--execute-steps", "8",
+               "--max-steps", str(MAX_STEPS), "--out", str(tmp_path), "--videos", "none"]
+    episodes = tmp_path / "episodes.jsonl"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (episodes.exists() and episodes.read_text().count("\n") >= 1):
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    first = episodes.read_text().splitlines()
+    assert 1 <= len(first) < 3, "the evaluation must be killed part-way for this test to mean anything"
+    assert not (tmp_path / "eval_info.json").exists()
+    subprocess.run(command, check=True, capture_output=True)
+    lines = episodes.read_text().splitlines()
+    assert lines[:len(first)] == first  # finished trials were not re-run
+    assert sorted(json.loads(line)["trial"] for line in lines) == [0, 1, 2]
+    info = json.loads((tmp_path / "eval_info.json").read_text())
+    assert info["overall"]["trials"] == 3 and info["complete"]
+    assert len(read_episodes(episodes)) == 3
+
+
+def test_resume_with_other_settings_is_refused(checkpoint, tmp_path):
+    evaluate(config(checkpoint, tmp_path, tasks=["0"], trials=1, envs=1, videos="none"), progress=False)
+    with pytest.raises(ValueError, match="other settings.*execute_steps"):
+        evaluate(config(checkpoint, tmp_path, tasks=["0"], trials=1, envs=1, videos="none", execute_steps=4),
+                 progress=False)
+
+
+def test_bad_checkpoints_and_tasks_are_clear_errors(checkpoint, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="lacks model.safetensors"):
+        evaluate(config(broken, tmp_path / "a"), progress=False)
+    mismatched = tmp_path / "mismatched"
+    shutil.copytree(checkpoint, mismatched)
+    shutil.rmtree(mismatched / "action_tokenizer")
+    ActionTokenizer(ActionTokenizerConfig(num_codebooks=5)).save(mismatched / "action_tokenizer")
+    with pytest.raises(ValueError, match="5 codebooks"):
+        evaluate(config(mismatched, tmp_path / "b"), progress=False)
+    with pytest.raises(ValueError, match="unknown LIBERO suite 'libero_100'"):
+        evaluate(config(checkpoint, tmp_path / "c", suite="libero_100"), progress=False)
+    with pytest.raises(ValueError, match="task index 90 out of range"):
+        evaluate(config(checkpoint, tmp_path / "d", tasks=["90"]), progress=False)
+    with pytest.raises(ValueError, match="has 50 evaluation init states"):
+        evaluate(config(checkpoint, tmp_path / "e", trials=51), progress=False)
+    assert not any((tmp_path / d).exists() for d in "abcde")
+
+
+def test_rl_training_states_are_new_draws_disjoint_from_evaluation(libero_env):
+    states = training_init_states(libero_env, 2)
+    assert states.shape == (2, libero_env.init_states.shape[1])
+    assert not np.allclose(states[0], states[1])
+    observation = libero_env.reset(states[0])  # a generated state is a valid start
+    assert observation.images["agentview"].shape == (224, 224, 3) and not libero_env.success
+    with pytest.raises(ValueError, match="equals evaluation init state 7"):
+        check_disjoint(np.stack([states[0], libero_env.init_states[7]]), libero_env.init_states, libero_env.task_id)
+    with pytest.raises(ValueError, match="leaks the test set"):
+        select_rl_init_states([0, 1], 50, allow_eval_states=False, task_id=libero_env.task_id)
+    assert select_rl_init_states([0, 1], 50, allow_eval_states=True, task_id=libero_env.task_id) == [0, 1]
