@@ -72,6 +72,18 @@ def _bench_rollout(args) -> None:
     main(args)
 
 
+def _wm(args) -> None:
+    from minivla_wmrl.train.wm import main
+
+    main(args)
+
+
+def _bench_wm(args) -> None:
+    from minivla_wmrl.bench.wm import main
+
+    main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minivla-wmrl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     evaluation.set_defaults(run=_eval)
 
+    wm = commands.add_parser("wm", help="train the progress/success world model on demos and labelled rollouts")
+    wm.add_argument("recipe", help="YAML recipe (sections: data, collect, model, train; plus out, resume)")
+    wm.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=500")
+    wm.set_defaults(run=_wm)
+
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")
     info.add_argument("--json", action="store_true", help="print JSON")
@@ -165,6 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--execute-steps", type=int, default=8)
     rollout.add_argument("--json", help="write the result as JSON here")
     rollout.set_defaults(run=_bench_rollout)
+    bench_wm = bench.add_parser("wm", help="trajectories scored/s by the world model vs real rollouts/s")
+    bench_wm.add_argument("--trajectories", type=int, default=64)
+    bench_wm.add_argument("--queries", type=int, default=66, help="frames per trajectory (520 steps / 8 + 1)")
+    bench_wm.add_argument("--repeats", type=int, default=3)
+    bench_wm.add_argument("--suite", default="libero_10")
+    bench_wm.add_argument("--task", default="0")
+    bench_wm.add_argument("--episodes", type=int, default=2, help="real episodes (at the suite's step cap)")
+    bench_wm.add_argument("--envs", type=int, default=2)
+    bench_wm.add_argument("--json", help="write the result as JSON here")
+    bench_wm.set_defaults(run=_bench_wm)
     return parser
 
 

@@ -30,7 +30,7 @@ from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 
 
-def _random_policy(preset_name: str, seed: int) -> MiniVLA:
+def random_policy(preset_name: str, seed: int) -> MiniVLA:
     torch.manual_seed(seed)
     actions = np.random.default_rng(seed).uniform(-1, 1, (1000, 7))
     actions[:, 6] = actions[:, 6] > 0
@@ -71,7 +71,7 @@ def _engine(policy: MiniVLA, suite: str, task: str, episodes: int, max_steps: in
 
 def bench_rollout(preset_name: str = "small", num_envs: int = 2, episodes: int = 4, suite: str = "libero_90",
                   task: str = "0", max_steps: int = 64, execute_steps: int = 8, seed: int = 0) -> dict:
-    policy = _random_policy(preset_name, seed)
+    policy = random_policy(preset_name, seed)
     engine_s, engine_steps = _engine(policy, suite, task, episodes, max_steps, execute_steps, num_envs)
     naive_s, naive_steps = _naive(policy, suite, task, episodes, max_steps, execute_steps)
     engine_rate, naive_rate = engine_steps / engine_s, naive_steps / naive_s

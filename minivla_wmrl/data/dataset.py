@@ -64,11 +64,22 @@ def _instruction(handle, path: Path) -> str:
     return " ".join(words)
 
 
+def open_hdf5(path: Path, what: str):
+    """Open an hdf5 file for reading; a missing or unreadable file is an error naming it."""
+    import h5py
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    try:
+        return h5py.File(path, "r")
+    except OSError as error:
+        raise ValueError(f"{path} is not a readable hdf5 file ({error})") from None
+
+
 def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None = "agentview_rgb",
                   wrist_key: str | None = None) -> list[DemoEpisode]:
     """Every demo of every file (directories: their *.hdf5), validated: a problem names the file and
     the demo. With `image_key=None` only the actions are needed (action-tokenizer training)."""
-    import h5py
 
     files = []
     for path in map(Path, paths):
@@ -77,13 +88,7 @@ def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None =
         raise FileNotFoundError(f"no demonstration files found in {', '.join(map(str, paths))}")
     episodes = []
     for path in files:
-        if not path.is_file():
-            raise FileNotFoundError(f"demonstration file {path} does not exist")
-        try:
-            handle = h5py.File(path, "r")
-        except OSError as error:
-            raise ValueError(f"{path} is not a readable hdf5 file ({error})") from None
-        with handle:
+        with open_hdf5(path, "demonstration file") as handle:
             if "data" not in handle:
                 raise ValueError(f"{path} has no 'data' group; expected the LIBERO layout data/demo_N")
             instruction = _instruction(handle, path)

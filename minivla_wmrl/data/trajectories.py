@@ -1,0 +1,112 @@
+"""Labelled trajectories for world-model training: frames + instruction + real success.
+
+Two sources: demonstrations (successful by construction; frames every `stride` steps plus the
+last, upright as the env shows them) and rollouts labelled by the real simulator (the frames the
+policy saw at its queries, plus the final frame). Stored as hdf5 (`trajectories/N/frames` +
+attributes), written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from minivla_wmrl.data.dataset import IMAGE_TRANSFORMS, open_hdf5, read_episodes
+
+
+@dataclass
+class LabelledTrajectory:
+    frames: np.ndarray  # (T, H, W, 3) uint8, upright
+    instruction: str
+    success: bool
+    source: str  # "demo" or "rollout"
+    task_id: str = ""
+
+
+def resize_frames(frames: np.ndarray, size: int) -> np.ndarray:
+    if frames.shape[1:3] == (size, size):
+        return np.ascontiguousarray(frames)
+    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def demo_trajectories(paths: Sequence[str], size: int, stride: int = 8, image_convention: str = "minivla",
+                      image_key: str = "agentview_rgb") -> list[LabelledTrajectory]:
+    """Each demo's agent-view frames at every `stride`-th kept step and its last one, upright, resized."""
+    import h5py
+
+    upright = IMAGE_TRANSFORMS[image_convention]
+    out = []
+    for episode in read_episodes([Path(p) for p in paths], chunk_len=1, image_key=image_key):
+        picks = episode.frames[np.unique(np.r_[np.arange(0, len(episode.frames), stride), len(episode.frames) - 1])]
+        with h5py.File(episode.file, "r") as handle:
+            frames = np.asarray(handle["data"][episode.demo]["obs"][image_key][picks])
+        if episode.image_convention == "opengl":
+            frames = upright(frames)
+        out.append(LabelledTrajectory(resize_frames(frames, size), episode.instruction, True, "demo",
+                                      str(episode.file.name)))
+    return out
+
+
+def rollout_trajectories(trajectories, size: int) -> list[LabelledTrajectory]:
+    """Rollout-engine trajectories → labelled ones (first camera; query frames + the final frame)."""
+    out = []
+    for t in trajectories:
+        if t.failure is not None or not len(t.frames):
+            continue  # an infrastructure failure says nothing about the policy
+        frames = t.frames if t.frames.ndim == 4 else t.frames[:, 0]
+        if t.final_frame is not None:
+            final = t.final_frame if t.final_frame.ndim == 3 else t.final_frame[0]
+            frames = np.concatenate([frames, final[None]])
+        out.append(LabelledTrajectory(resize_frames(frames, size), t.instruction, bool(t.success), "rollout",
+                                      t.spec.task_id))
+    return out
+
+
+def save_trajectories(path: Path, trajectories: Sequence[LabelledTrajectory]) -> Path:
+    import h5py
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            group = f.create_group("trajectories")
+            for i, t in enumerate(trajectories):
+                item = group.create_group(str(i))
+                item.create_dataset("frames", data=t.frames, compression="gzip", compression_opts=1)
+                item.attrs.update(instruction=t.instruction, success=bool(t.success), source=t.source, task_id=t.task_id)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_trajectories(paths: Sequence[str], size: int) -> list[LabelledTrajectory]:
+    out = []
+    for path in map(Path, paths):
+        with open_hdf5(path, "trajectory file") as handle:
+            if "trajectories" not in handle:
+                raise ValueError(f"{path} has no 'trajectories' group; write it with save_trajectories")
+            for name in sorted(handle["trajectories"], key=int):
+                item = handle["trajectories"][name]
+                missing = [k for k in ("instruction", "success", "source") if k not in item.attrs]
+                if "frames" not in item or missing:
+                    raise ValueError(f"{path}: trajectories/{name} lacks {missing or ['frames']}")
+                frames = np.asarray(item["frames"])
+                if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or not len(frames):
+                    raise ValueError(f"{path}: trajectories/{name}/frames has shape {frames.shape} ({frames.dtype}); "
+                                     "expected non-empty uint8 (T, H, W, 3)")
+                out.append(LabelledTrajectory(resize_frames(frames, size), str(item.attrs["instruction"]),
+                                              bool(item.attrs["success"]), str(item.attrs["source"]),
+                                              str(item.attrs.get("task_id", ""))))
+    return out

@@ -1,0 +1,282 @@
+"""`minivla-wmrl wm RECIPE`: train the progress/success world model on demos and real-labelled rollouts.
+
+Targets. A demonstration is a success whose progress at frame index i of T is i / (T − 1); a
+random prefix of it (with probability `prefix_prob`) is not yet a success, its progress targets
+unchanged. A rollout labelled by the real simulator keeps its success label; a successful one
+gets the same progress ramp, a failed one progress 0 (`failed_progress: zero`) or no progress
+loss (`none`). Each example shows the model `num_frames` frames sampled uniformly.
+
+Reported on held-out trajectories: success AUROC, mean Spearman rank correlation of predicted
+progress with time on successes, and expected calibration error of the success probability.
+`WorldModelTrainer.update` is the online step GRPO calls with newly labelled rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.config import load_recipe
+from minivla_wmrl.data.trajectories import (LabelledTrajectory, demo_trajectories, load_trajectories,
+                                            rollout_trajectories, save_trajectories)
+from minivla_wmrl.train.vq import split_episodes
+from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
+from world_models.scorer import sample_frame_indices
+
+
+@dataclass
+class WMTrainConfig:
+    steps: int = 2000
+    batch_size: int = 16
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    prefix_prob: float = 0.5  # chance a demo/success example is cut to a random prefix (a not-yet-success)
+    failed_progress: str = "zero"  # "zero": failed rollouts' progress target is 0; "none": no progress loss on them
+    progress_weight: float = 1.0
+    success_weight: float = 1.0
+    val_fraction: float = 0.2
+    eval_every: int = 200
+    save_every: int = 500
+    seed: int = 0
+
+
+@dataclass
+class WMData:
+    demos: list[str] = field(default_factory=list)  # LIBERO hdf5 files or directories (successes)
+    rollouts: list[str] = field(default_factory=list)  # trajectory files (save_trajectories) labelled by the simulator
+    stride: int = 8  # demo frames kept every `stride` steps (the rollouts' query interval at execute_steps 8)
+    image_convention: str = "minivla"
+
+
+@dataclass
+class WMCollect:
+    """Optionally collect real-labelled rollouts first (RL training init states, never evaluation ones)."""
+
+    checkpoint: str | None = None  # a policy checkpoint; None: collect nothing
+    suite: str = "libero_90"
+    tasks: list[str] = field(default_factory=lambda: ["0"])
+    episodes_per_task: int = 16
+    temperature: float = 1.0
+    execute_steps: int = 8
+    max_steps: int | None = None  # None: the suite's protocol cap
+    envs: int = 2
+
+
+@dataclass
+class WMRecipe:
+    out: str = "runs/wm"
+    resume: bool = True
+    data: WMData = field(default_factory=WMData)
+    collect: WMCollect = field(default_factory=WMCollect)
+    model: ProgressModelConfig = field(default_factory=ProgressModelConfig)
+    train: WMTrainConfig = field(default_factory=WMTrainConfig)
+
+
+def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the ROC curve by the Mann-Whitney rank statistic (ties count half)."""
+    from scipy.stats import rankdata
+
+    labels = np.asarray(labels, bool)
+    positives, negatives = labels.sum(), (~labels).sum()
+    if not positives or not negatives:
+        return float("nan")
+    ranks = rankdata(scores)
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+
+def calibration_error(probabilities: np.ndarray, labels: np.ndarray, bins: int = 10) -> float:
+    """Expected calibration error over equal-width probability bins."""
+    edges = np.minimum((np.asarray(probabilities) * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        members = edges == b
+        if members.any():
+            total += members.sum() * abs(probabilities[members].mean() - np.asarray(labels, float)[members].mean())
+    return float(total / len(probabilities))
+
+
+class WorldModelTrainer:
+    """Optimiser, example sampling and metrics for a `ProgressWorldModel`; `update` is the online step."""
+
+    def __init__(self, model: ProgressWorldModel, config: WMTrainConfig):
+        if config.failed_progress not in ("zero", "none"):
+            raise ValueError(f"failed_progress must be 'zero' or 'none', got {config.failed_progress!r}")
+        self.model, self.config = model, config
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                                           weight_decay=config.weight_decay)
+        self.rng = np.random.default_rng(config.seed)
+
+    def example(self, t: LabelledTrajectory, cut: bool) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """(frames, progress target, success target, progress-loss weight) for one trajectory."""
+        n, length = self.model.config.num_frames, len(t.frames)
+        end = int(self.rng.integers(1, length)) if cut and length > 1 else length
+        idx = sample_frame_indices(end, n)
+        ramp = idx / max(length - 1, 1)
+        if t.success:
+            return t.frames[idx], ramp, float(end == length), 1.0
+        weight = 1.0 if self.config.failed_progress == "zero" else 0.0
+        return t.frames[idx], np.zeros(n), 0.0, weight
+
+    def loss(self, batch: list[LabelledTrajectory], cut: bool = True) -> torch.Tensor:
+        examples = [self.example(t, cut and t.success and self.rng.random() < self.config.prefix_prob) for t in batch]
+        device = self.model.device
+        frames = torch.as_tensor(np.stack([e[0] for e in examples]))
+        progress_target = torch.tensor(np.stack([e[1] for e in examples]), dtype=torch.float32, device=device)
+        success_target = torch.tensor([e[2] for e in examples], dtype=torch.float32, device=device)
+        weight = torch.tensor([e[3] for e in examples], dtype=torch.float32, device=device)
+        progress, success = self.model(frames, [t.instruction for t in batch])
+        progress_loss = (F.binary_cross_entropy_with_logits(progress, progress_target, reduction="none").mean(1)
+                         * weight).sum() / weight.sum().clamp(min=1)
+        success_loss = F.binary_cross_entropy_with_logits(success, success_target)
+        return self.config.progress_weight * progress_loss + self.config.success_weight * success_loss
+
+    def step(self, batch: list[LabelledTrajectory]) -> float:
+        self.model.train()
+        loss = self.loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        return loss.item()
+
+    def update(self, trajectories: list[LabelledTrajectory], steps: int, batch_size: int | None = None) -> float:
+        """A few steps on newly labelled trajectories (GRPO's online co-training); mean loss."""
+        if not trajectories or steps < 1:
+            return float("nan")
+        size = min(batch_size or self.config.batch_size, len(trajectories))
+        losses = [self.step([trajectories[i] for i in self.rng.choice(len(trajectories), size, replace=False)])
+                  for _ in range(steps)]
+        return float(np.mean(losses))
+
+    @torch.no_grad()
+    def metrics(self, trajectories: list[LabelledTrajectory]) -> dict:
+        """Held-out success AUROC, progress rank correlation on successes, success calibration error."""
+        from scipy.stats import spearmanr
+
+        prediction = self.model.predict_trajectories([t.frames for t in trajectories],
+                                                     [t.instruction for t in trajectories])
+        labels = np.array([t.success for t in trajectories])
+        correlations = [spearmanr(np.arange(p.size), p).statistic for p, y in zip(prediction.progress, labels)
+                        if y and np.ptp(p) > 0]
+        potential = prediction.progress[:, -3:].mean(1) - prediction.progress[:, :3].mean(1)
+        return {"success_auroc": auroc(prediction.success, labels), "potential_auroc": auroc(potential, labels),
+                "progress_spearman": float(np.mean(correlations)) if correlations else float("nan"),
+                "calibration_error": calibration_error(prediction.success, labels),
+                "held_out": len(trajectories), "held_out_successes": int(labels.sum())}
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["rng"]
+
+
+def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
+    """Run a policy on RL training init states of each task and save the real-labelled trajectories."""
+    import functools
+
+    from envs.libero_env import LiberoEnv
+    from envs.vector_env import VectorEnv
+    from minivla_wmrl.init_states import TRAIN_SEED_BASE
+    from minivla_wmrl.policy.checkpoint import load_policy
+    from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+
+    policy = load_policy(Path(collect.checkpoint))
+    labelled = []
+    for task in collect.tasks:
+        factory = functools.partial(LiberoEnv, collect.suite, task, max_steps=collect.max_steps)
+        with VectorEnv([factory] * collect.envs) as envs:
+            task_id = envs.infos[0].task_id
+            specs = [EpisodeSpec(task_id, envs.call("sample_init_state", TRAIN_SEED_BASE + k)[0], seed=k)
+                     for k in range(collect.episodes_per_task)]
+            engine = RolloutEngine(policy, envs, RolloutConfig(collect.execute_steps, collect.temperature))
+            labelled += rollout_trajectories(engine.run(specs, desc=f"collect {collect.suite}/{task}"), size)
+    return save_trajectories(out, labelled)
+
+
+def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
+    c, out = recipe.train, Path(recipe.out)
+    random.seed(c.seed), np.random.seed(c.seed), torch.manual_seed(c.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2))
+    size = recipe.model.image_size
+    rollout_files = list(recipe.data.rollouts)
+    if recipe.collect.checkpoint:
+        collected = out / "collected_rollouts.hdf5"
+        if not collected.exists():
+            collect_rollouts(recipe.collect, size, collected)
+        rollout_files.append(str(collected))
+    trajectories = (demo_trajectories(recipe.data.demos, size, recipe.data.stride, recipe.data.image_convention)
+                    if recipe.data.demos else []) + load_trajectories(rollout_files, size)
+    if not trajectories:
+        raise ValueError(f"{recipe.out}: no training data; set data.demos, data.rollouts or collect.checkpoint")
+    train_ids, val_ids = split_episodes(len(trajectories), c.val_fraction, c.seed)
+    train_set = [trajectories[i] for i in train_ids]
+    val_set = [trajectories[i] for i in val_ids]
+
+    model = ProgressWorldModel(recipe.model)
+    trainer = WorldModelTrainer(model, c)
+    checkpoints = out / "checkpoints"
+    found = sorted(checkpoints.glob("step_*")) if recipe.resume else []
+    start = 0
+    if found:
+        model = ProgressWorldModel.load(found[-1] / "world_model")
+        trainer = WorldModelTrainer(model, c)
+        state = torch.load(found[-1] / "training_state.pt", weights_only=False)
+        trainer.load_state_dict(state["trainer"])
+        torch.set_rng_state(state["torch_rng"])
+        start = state["step"]
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(out / "tensorboard")
+    metrics_path = out / "metrics.jsonl"
+    kept = [line for line in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
+            if json.loads(line)["step"] <= start]
+    metrics_path.write_text("".join(line + "\n" for line in kept))
+    last = {}
+    with open(metrics_path, "a") as log:
+        for step in tqdm(range(start + 1, c.steps + 1), desc="wm", disable=not progress, initial=start, total=c.steps):
+            size_b = min(c.batch_size, len(train_set))
+            batch = [train_set[i] for i in trainer.rng.choice(len(train_set), size_b, replace=False)]
+            record = {"step": step, "loss": trainer.step(batch)}
+            if val_set and (step % c.eval_every == 0 or step == c.steps):
+                record.update({f"val_{k}": v for k, v in trainer.metrics(val_set).items()})
+            if step % 10 == 0 or step == c.steps or "val_success_auroc" in record:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                for k, v in record.items():
+                    if k != "step":
+                        writer.add_scalar(f"wm/{k}", v, step)
+            last = record
+            if step % c.save_every == 0 or step == c.steps:
+                with atomic_directory(checkpoints / f"step_{step:07d}") as tmp:
+                    (tmp / "world_model").mkdir()
+                    model.save(tmp / "world_model")
+                    torch.save({"trainer": trainer.state_dict(), "torch_rng": torch.get_rng_state(), "step": step},
+                               tmp / "training_state.pt")
+    writer.close()
+    with atomic_directory(out / "world_model") as tmp:
+        model.save(tmp)
+    return {"last": last, "world_model": str(out / "world_model"), "train": len(train_set), "held_out": len(val_set),
+            "model": model, "trainer": trainer}
+
+
+def main(args) -> None:
+    recipe = load_recipe(WMRecipe, Path(args.recipe), args.overrides)
+    result = train_world_model(recipe)
+    last = result["last"]
+    print(f"world model: {result['world_model']} ({result['train']} train / {result['held_out']} held-out trajectories)")
+    if "val_success_auroc" in last:
+        print(f"held-out success AUROC {last['val_success_auroc']:.3f}, potential AUROC {last['val_potential_auroc']:.3f}, "
+              f"progress Spearman {last['val_progress_spearman']:.3f}, calibration error {last['val_calibration_error']:.3f}")

@@ -1,0 +1,148 @@
+"""World models: reductions, the scorer registry, and the trainable progress model on real demos and rollouts."""
+
+import functools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from envs.libero_env import LiberoEnv
+from envs.vector_env import VectorEnv
+from minivla_wmrl.cli import main as cli
+from minivla_wmrl.data.demos import generate_demos
+from minivla_wmrl.data.trajectories import demo_trajectories, rollout_trajectories, save_trajectories
+from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer, auroc
+from tests.conftest import TASK0
+from tests.tiny_policy import make_policy
+from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
+from world_models.registry import make_scorer
+from world_models.scorer import Prediction, reduce_scores, sample_frame_indices
+
+SIZE = 64
+
+
+def test_reductions_match_hand_computed_values():
+    prediction = Prediction(np.array([[0.0, 0.1, 0.2, 0.5, 0.6, 0.9, 1.0, 0.8]]), np.array([0.7]))
+    assert reduce_scores(prediction, "potential", k=3) == pytest.approx([0.9 - 0.1])
+    assert reduce_scores(prediction, "potential", k=1) == pytest.approx([0.8])
+    assert reduce_scores(prediction, "final") == pytest.approx([0.8])
+    assert reduce_scores(prediction, "max") == pytest.approx([1.0])
+    assert reduce_scores(prediction, "success") == pytest.approx([0.7])
+    with pytest.raises(ValueError, match="unknown reduction 'mean'"):
+        reduce_scores(prediction, "mean")
+
+
+def test_frames_are_sampled_uniformly_with_both_ends():
+    assert sample_frame_indices(10, 8).tolist() == [0, 1, 3, 4, 5, 6, 8, 9]
+    assert sample_frame_indices(3, 8).tolist() == [0, 0, 1, 1, 1, 1, 2, 2]
+
+
+def progress_by_brightness(frames, instructions):
+    """An external scorer: progress = mean brightness, success = last frame brightness."""
+    progress = frames.reshape(*frames.shape[:2], -1).mean(-1) / 255.0
+    return progress, progress[:, -1]
+
+
+def test_callable_and_directory_scorers_follow_the_contract(tmp_path):
+    ramp = np.stack([np.full((4, 4, 3), v, np.uint8) for v in np.linspace(0, 255, 20)])
+    scorer = make_scorer("callable", fn=progress_by_brightness)
+    potential = scorer.score([ramp, ramp[::-1]], ["a", "b"])
+    assert potential[0] > 0.5 and potential[1] < -0.5
+    (tmp_path / "scorer.py").write_text(
+        "import numpy as np\n"
+        "def load_scorer(directory):\n"
+        "    weight = float((directory / 'weight.txt').read_text())\n"
+        "    return lambda frames, instructions: (np.full(frames.shape[:2], weight), np.full(len(frames), weight))\n")
+    (tmp_path / "weight.txt").write_text("0.25")
+    external = make_scorer("directory", path=str(tmp_path))
+    assert external.score([ramp], ["a"], mode="final") == pytest.approx([0.25])
+    bad = make_scorer("callable", fn=lambda frames, instructions: (np.zeros(3), np.zeros(1)))
+    with pytest.raises(ValueError, match="expected \\(1, 8\\)"):
+        bad.score([ramp], ["a"])
+
+
+def test_bad_inputs_are_clear_errors():
+    scorer = make_scorer("callable", fn=progress_by_brightness)
+    frames = np.zeros((5, 8, 8, 3), np.uint8)
+    with pytest.raises(ValueError, match="trajectory 1 is empty"):
+        scorer.score([frames, frames[:0]], ["a", "b"])
+    with pytest.raises(ValueError, match="trajectory 1 has 4x4 frames, trajectory 0 has 8x8"):
+        scorer.score([frames, np.zeros((5, 4, 4, 3), np.uint8)], ["a", "b"])
+    with pytest.raises(ValueError, match="expected uint8"):
+        scorer.score([frames.astype(np.float32)], ["a"])
+    with pytest.raises(ValueError, match="unknown world model 'vlm'; registered"):
+        make_scorer("vlm")
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    """10 scripted demos of libero_90 task 0 at 224 px (successes) and 10 failed real rollouts of a random policy."""
+    out = tmp_path_factory.mktemp("wm_demos")
+    report = generate_demos("libero_90", 0, num=10, out=out, init_states=list(range(12)), resolution=224)
+    assert report["succeeded"] == 10
+    demos = demo_trajectories([report["file"]], SIZE)
+    factory = functools.partial(LiberoEnv, *TASK0, cameras=("agentview",), max_steps=64)
+    with VectorEnv([factory] * 2) as envs:
+        engine = RolloutEngine(make_policy(seed=11), envs, RolloutConfig(execute_steps=8, temperature=1.0))
+        rollouts = engine.run([EpisodeSpec(envs.infos[0].task_id, i, seed=i) for i in range(10)], progress=False)
+    failed = rollout_trajectories(rollouts, SIZE)
+    assert len(failed) == 10 and not any(t.success for t in failed)
+    return demos, failed, report["file"], out
+
+
+def small_config(**overrides):
+    return ProgressModelConfig(**{"image_size": SIZE, "dim": 64, **overrides})
+
+
+def test_trained_world_model_separates_demos_from_failed_rollouts(labelled):
+    demos, failed, _, _ = labelled
+    torch.manual_seed(0)
+    model = ProgressWorldModel(small_config())
+    trainer = WorldModelTrainer(model, WMTrainConfig(batch_size=8, lr=1e-3))
+    train, held_out = demos[:7] + failed[:7], demos[7:] + failed[7:]
+    before = trainer.metrics(held_out)
+    for _ in range(120):
+        trainer.step([train[i] for i in trainer.rng.choice(len(train), 8, replace=False)])
+    after = trainer.metrics(held_out)
+    assert after["success_auroc"] >= 0.85, (before, after)
+    assert after["potential_auroc"] >= 0.85, (before, after)
+    assert after["progress_spearman"] > 0.5
+    scores = model.score([t.frames for t in held_out], [t.instruction for t in held_out], mode="success")
+    assert auroc(scores, [t.success for t in held_out]) == pytest.approx(after["success_auroc"])
+
+
+def test_online_update_and_save_load_round_trip(labelled, tmp_path):
+    demos, failed, _, _ = labelled
+    model = ProgressWorldModel(small_config(dim=32, layers=1))
+    trainer = WorldModelTrainer(model, WMTrainConfig(batch_size=4))
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = trainer.update(demos[:2] + failed[:2], steps=2)
+    assert np.isfinite(loss) and any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    model.save(tmp_path)
+    loaded = make_scorer("progress", path=str(tmp_path))
+    frames, instructions = [t.frames for t in demos[:3]], [t.instruction for t in demos[:3]]
+    np.testing.assert_allclose(loaded.score(frames, instructions), model.score(frames, instructions), atol=1e-6)
+
+
+def test_wm_command_trains_and_resumes_exactly(labelled, tmp_path):
+    _, failed, demo_file, _ = labelled
+    rollouts = save_trajectories(tmp_path / "rollouts.hdf5", failed)
+    recipe = tmp_path / "wm.yaml"
+    recipe.write_text(json.dumps({
+        "data": {"demos": [demo_file], "rollouts": [str(rollouts)]},
+        "model": {"image_size": 32, "dim": 32, "layers": 1, "dropout": 0.0},
+        "train": {"steps": 6, "batch_size": 4, "eval_every": 3, "save_every": 3}}))
+
+    def run(out, *overrides):
+        assert cli(["wm", str(recipe), f"out={out}", *overrides]) == 0
+        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    full = run(tmp_path / "full")
+    run(tmp_path / "cut", "train.steps=3")
+    resumed = run(tmp_path / "cut")
+    assert [r["step"] for r in full] == [3, 6] and (tmp_path / "full" / "world_model" / "model.safetensors").exists()
+    assert resumed[-1]["loss"] == pytest.approx(full[-1]["loss"], rel=1e-5)
+    assert 0.0 <= full[-1]["val_success_auroc"] <= 1.0
+    assert cli(["wm", str(recipe), f"out={tmp_path / 'bad'}", "train.stepz=3"]) == 1
