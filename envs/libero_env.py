@@ -198,6 +198,10 @@ class LiberoEnv(RobotEnv):
             np.random.set_state(global_rng)
         return self.get_state()
 
+    def published_init_states(self) -> np.ndarray:
+        """The task's 50 published init states (the evaluation protocol's)."""
+        return self.init_states
+
     def _prepare_render(self, render_next: bool) -> None:
         self._render_next = render_next or self.render_every_step
         self._rendered_last_step = self._render_next

@@ -203,10 +203,11 @@ class VectorEnv:
             out.append(r)
         return out
 
-    def call(self, method: str, *args) -> list[Any]:
-        """Call a method of every env (e.g. 'get_state'); failures come back as EnvFailure."""
-        results = self._run(method, {i: args for i in range(self.num_envs)})
-        return [results[i] for i in range(self.num_envs)]
+    def call(self, method: str, *args, envs: Sequence[int] | None = None) -> list[Any]:
+        """Call a method of every env, or of the envs listed (e.g. 'get_state'); failures come back as EnvFailure."""
+        indices = range(self.num_envs) if envs is None else list(envs)
+        results = self._run(method, {i: args for i in indices})
+        return [results[i] for i in indices]
 
     def _check_len(self, items: Sequence) -> None:
         if len(items) != self.num_envs:

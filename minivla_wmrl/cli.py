@@ -84,6 +84,12 @@ def _bench_wm(args) -> None:
     main(args)
 
 
+def _grpo(args) -> None:
+    from minivla_wmrl.train.grpo import main
+
+    main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minivla-wmrl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -147,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     wm.add_argument("recipe", help="YAML recipe (sections: data, collect, model, train; plus out, resume)")
     wm.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=500")
     wm.set_defaults(run=_wm)
+
+    grpo = commands.add_parser("grpo", help="WMRL GRPO: RL with world-model rewards corrected by real-simulator checks")
+    grpo.add_argument("recipe", help="YAML recipe (sections: policy, env, world_model, grpo, debias, denoise)")
+    grpo.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. grpo.reward_mode=sparse")
+    grpo.set_defaults(run=_grpo)
 
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")

@@ -55,18 +55,25 @@ def demo_trajectories(paths: Sequence[str], size: int, stride: int = 8, image_co
     return out
 
 
-def rollout_trajectories(trajectories, size: int) -> list[LabelledTrajectory]:
-    """Rollout-engine trajectories → labelled ones (first camera; query frames + the final frame)."""
+def trajectory_frames(trajectory) -> np.ndarray:
+    """A rollout's frames for a world model: the first camera at every query, then the final frame."""
+    frames = trajectory.frames if trajectory.frames.ndim == 4 else trajectory.frames[:, 0]
+    if trajectory.final_frame is not None:
+        final = trajectory.final_frame if trajectory.final_frame.ndim == 3 else trajectory.final_frame[0]
+        frames = np.concatenate([frames, final[None]])
+    return frames
+
+
+def rollout_trajectories(trajectories, size: int | None) -> list[LabelledTrajectory]:
+    """Rollout-engine trajectories → labelled ones (resized to `size` unless None); infrastructure
+    failures are dropped: they say nothing about the policy."""
     out = []
     for t in trajectories:
         if t.failure is not None or not len(t.frames):
-            continue  # an infrastructure failure says nothing about the policy
-        frames = t.frames if t.frames.ndim == 4 else t.frames[:, 0]
-        if t.final_frame is not None:
-            final = t.final_frame if t.final_frame.ndim == 3 else t.final_frame[0]
-            frames = np.concatenate([frames, final[None]])
-        out.append(LabelledTrajectory(resize_frames(frames, size), t.instruction, bool(t.success), "rollout",
-                                      t.spec.task_id))
+            continue
+        frames = trajectory_frames(t)
+        out.append(LabelledTrajectory(frames if size is None else resize_frames(frames, size), t.instruction,
+                                      bool(t.success), "rollout", t.spec.task_id))
     return out
 
 

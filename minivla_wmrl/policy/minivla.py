@@ -114,6 +114,17 @@ class MiniVLA(nn.Module):
         for module, flag in ((self.vision, vision), (self.projector, projector), (self.llm, llm)):
             module.requires_grad_(flag)
 
+    def configure_training(self, lora: bool = False, lora_r: int = 16, lora_alpha: int = 32,
+                           freeze_vision: bool = False) -> None:
+        """Set what trains. With LoRA (added here when missing) only the language model's adapters
+        train; the projector trains unless LoRA; the vision backbone unless frozen."""
+        if lora and not getattr(self, "lora", None):
+            self.add_lora(lora_r, lora_alpha)
+        self.set_trainable(vision=not freeze_vision, projector=True, llm=not lora)
+        if lora:
+            for name, parameter in self.llm.named_parameters():
+                parameter.requires_grad_("lora_" in name)
+
     def add_lora(self, r: int = 16, alpha: int = 32, dropout: float = 0.0, targets=LORA_TARGETS) -> None:
         """Wrap the language model with peft LoRA adapters; only the adapters of the LLM train."""
         from peft import LoraConfig, get_peft_model

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from minivla_wmrl.data.dataset import DemoDataset, collate, read_episodes
 from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.policy import MiniVLA, preset
 from minivla_wmrl.policy.checkpoint import load_policy, write_policy
+from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
 from minivla_wmrl.train.vq import VQTrainConfig, split_episodes, train_action_tokenizer
 
 
@@ -125,16 +125,6 @@ def _tokenizer(spec: str):
     return tokenizer
 
 
-def _configure_training(policy: MiniVLA, setup: PolicySetup) -> None:
-    """Freeze what the recipe freezes; with LoRA only the adapters of the language model train."""
-    if setup.lora and not getattr(policy, "lora", None):
-        policy.add_lora(setup.lora_r, setup.lora_alpha)
-    policy.set_trainable(vision=not setup.freeze_vision, projector=True, llm=not setup.lora)
-    if setup.lora:
-        for name, parameter in policy.llm.named_parameters():
-            parameter.requires_grad_("lora_" in name)
-
-
 def step_metrics(policy: MiniVLA, batch: dict, autocast) -> tuple[torch.Tensor, dict]:
     """Cross entropy on action + end tokens, action-token accuracy, L1 of the decoded first action."""
     targets = policy.sft_targets(batch["chunk"])
@@ -149,11 +139,6 @@ def step_metrics(policy: MiniVLA, batch: dict, autocast) -> tuple[torch.Tensor, 
     return loss, {"loss": loss.item(), "action_accuracy": accuracy.item(), "l1_first_action": float(l1)}
 
 
-def _latest_checkpoint(out: Path) -> Path | None:
-    found = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(re.sub(r"\D", "", p.name)))
-    return found[-1] if found else None
-
-
 def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     c, out = recipe.sft, Path(recipe.out)
     random.seed(c.seed), np.random.seed(c.seed), torch.manual_seed(c.seed)
@@ -161,7 +146,7 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     train_ids, val_ids = split_episodes(len(episodes), recipe.data.val_fraction, c.seed)
     statistics = ActionStatistics.from_actions(np.concatenate([episodes[i].actions for i in train_ids]),
                                                num_trajectories=len(train_ids))
-    resume_from = _latest_checkpoint(out) if recipe.resume else None
+    resume_from = latest_checkpoint(out) if recipe.resume else None
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2))
 
@@ -185,7 +170,8 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
                 ActionTokenizerConfig(chunk_len=recipe.data.chunk_len), recipe.vq.train, progress=progress)
         policy = MiniVLA(preset(recipe.policy.preset), _tokenizer(recipe.policy.tokenizer), action_tokenizer,
                          statistics).to(device)
-    _configure_training(policy, recipe.policy)
+    setup = recipe.policy
+    policy.configure_training(setup.lora, setup.lora_r, setup.lora_alpha, setup.freeze_vision)
     policy.train()
 
     trainable = [p for p in policy.parameters() if p.requires_grad]
@@ -212,13 +198,6 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     def autocast():
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16)
 
-    from torch.utils.tensorboard import SummaryWriter
-
-    metrics_path = out / "metrics.jsonl"
-    kept = [line for line in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
-            if json.loads(line)["step"] <= start_step]  # drop what an interrupted run logged after its checkpoint
-    metrics_path.write_text("".join(line + "\n" for line in kept))
-    writer = SummaryWriter(out / "tensorboard")
     batches = iter(loader)
     history, last = [], {}
 
@@ -228,7 +207,7 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
             torch.save({"optimizer": optimizer.state_dict(), "step": step, "torch_rng": torch.get_rng_state(),
                         "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}, tmp / "training_state.pt")
 
-    with open(metrics_path, "a") as log:
+    with MetricsLog(out, "sft", start_step) as log:
         for step in tqdm(range(start_step + 1, c.steps + 1), desc="sft", disable=not progress,
                          initial=start_step, total=c.steps):
             totals = {}
@@ -244,17 +223,12 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
             if val_set is not None and (step % c.eval_every == 0 or step == c.steps):
                 record.update(validate(policy, val_set, c, autocast))
             if step % c.log_every == 0 or step == c.steps or "val_loss" in record:
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-                for k, v in record.items():
-                    if k != "step":
-                        writer.add_scalar(f"sft/{k}", v, step)
+                log.write(record)
             history.append(record)
             last = record
             if step % c.save_every == 0 or step == c.steps:
                 save(step)
-    writer.close()
-    return {"history": history, "last": last, "checkpoint": str(_latest_checkpoint(out))}
+    return {"history": history, "last": last, "checkpoint": str(latest_checkpoint(out))}
 
 
 @torch.no_grad()

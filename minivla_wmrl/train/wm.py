@@ -27,6 +27,7 @@ from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.config import load_recipe
 from minivla_wmrl.data.trajectories import (LabelledTrajectory, demo_trajectories, load_trajectories,
                                             rollout_trajectories, save_trajectories)
+from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
 from minivla_wmrl.train.vq import split_episodes
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 from world_models.scorer import sample_frame_indices
@@ -227,25 +228,18 @@ def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
     model = ProgressWorldModel(recipe.model)
     trainer = WorldModelTrainer(model, c)
     checkpoints = out / "checkpoints"
-    found = sorted(checkpoints.glob("step_*")) if recipe.resume else []
+    found = latest_checkpoint(out) if recipe.resume else None
     start = 0
-    if found:
-        model = ProgressWorldModel.load(found[-1] / "world_model")
+    if found is not None:
+        model = ProgressWorldModel.load(found / "world_model")
         trainer = WorldModelTrainer(model, c)
-        state = torch.load(found[-1] / "training_state.pt", weights_only=False)
+        state = torch.load(found / "training_state.pt", weights_only=False)
         trainer.load_state_dict(state["trainer"])
         torch.set_rng_state(state["torch_rng"])
         start = state["step"]
 
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(out / "tensorboard")
-    metrics_path = out / "metrics.jsonl"
-    kept = [line for line in (metrics_path.read_text().splitlines() if metrics_path.exists() else [])
-            if json.loads(line)["step"] <= start]
-    metrics_path.write_text("".join(line + "\n" for line in kept))
     last = {}
-    with open(metrics_path, "a") as log:
+    with MetricsLog(out, "wm", start) as log:
         for step in tqdm(range(start + 1, c.steps + 1), desc="wm", disable=not progress, initial=start, total=c.steps):
             size_b = min(c.batch_size, len(train_set))
             batch = [train_set[i] for i in trainer.rng.choice(len(train_set), size_b, replace=False)]
@@ -253,11 +247,7 @@ def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
             if val_set and (step % c.eval_every == 0 or step == c.steps):
                 record.update({f"val_{k}": v for k, v in trainer.metrics(val_set).items()})
             if step % 10 == 0 or step == c.steps or "val_success_auroc" in record:
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-                for k, v in record.items():
-                    if k != "step":
-                        writer.add_scalar(f"wm/{k}", v, step)
+                log.write(record)
             last = record
             if step % c.save_every == 0 or step == c.steps:
                 with atomic_directory(checkpoints / f"step_{step:07d}") as tmp:
@@ -265,7 +255,6 @@ def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
                     model.save(tmp / "world_model")
                     torch.save({"trainer": trainer.state_dict(), "torch_rng": torch.get_rng_state(), "step": step},
                                tmp / "training_state.pt")
-    writer.close()
     with atomic_directory(out / "world_model") as tmp:
         model.save(tmp)
     return {"last": last, "world_model": str(out / "world_model"), "train": len(train_set), "held_out": len(val_set),

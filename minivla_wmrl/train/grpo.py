@@ -1,0 +1,511 @@
+"""`minivla-wmrl grpo RECIPE [key=value ...]`: WMRL GRPO on LIBERO.
+
+One step (the order of the WMRL reference):
+1. roll out `rollouts_per_task` episodes per task in the real simulator (temperature sampling,
+   RL training init states, capped at `max_real_steps`), optionally re-sampling groups whose
+   success rate lies outside a band (dynamic sampling, capped attempts); pick the anchors;
+2. score every rollout with the world model (query frames + the final frame);
+3. push the anchors' (score, real outcome) pairs into the `OnlineDebiaser`;
+4. feed each anchor group's calibrated residuals to the `InverseVarianceWeighter`;
+5. rewards by `reward_mode`; 6. group advantages; 7. anchor advantages × the anchor weight;
+8. token-level PPO-clip update on a sampled subset of each rollout's queries; then world-model
+   co-training on the anchors' real labels.
+
+Reward modes: `sparse` (real success for all; the GRPO baseline), `dense_raw` (world-model
+score for all), `dense_calib` (WMRL: calibrated score; anchors per `anchor_reward`),
+`sparse_scarce` (real success for anchors only; the rest are left out of the advantage).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.config import load_recipe
+from minivla_wmrl.data.trajectories import LabelledTrajectory, resize_frames, trajectory_frames
+from minivla_wmrl.init_states import TRAIN_SEED_BASE, check_disjoint, select_rl_init_states
+from minivla_wmrl.policy.checkpoint import load_policy, write_policy
+from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
+from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
+from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
+from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_residual, group_advantages,
+                               weight_anchor_advantages)
+from world_models.registry import make_scorer
+
+REWARD_MODES = ("sparse", "dense_raw", "dense_calib", "sparse_scarce")
+ANCHOR_REWARDS = ("calib", "sparse", "mix")
+
+
+@dataclass
+class GRPOConfig:
+    steps: int = 40
+    rollouts_per_task: int = 64  # per task per step
+    grouping: str = "task"  # "task": one group per task; "init_state": one group per (task, init state)
+    init_states_per_step: int = 8  # distinct training init states per task per step (rollouts split evenly)
+    temperature: float = 1.0  # the WMRL paper's; peers use 1.5-1.6
+    execute_steps: int = 8  # actions per query (the whole VQ chunk)
+    max_real_steps: int = 520  # real-simulator step cap after the 10 wait steps
+    reward_mode: str = "dense_calib"
+    anchor_fraction: float = 1.0  # anchors per group = round(fraction × size); the sim labels them all anyway
+    min_anchors: int = 2  # per step at least this many anchors (added at random)
+    anchor_reward: str = "calib"  # dense_calib anchors: calib f(x) | sparse y | mix (2y + f(x)) / 3
+    wm_reduction: str = "potential"  # potential | final | max | success
+    scale_std: bool = True  # A = (r − mean) / (std + 1e-4); False: r − mean
+    clip_eps: float = 0.2
+    clip_eps_high: float = 0.28
+    inner_epochs: int = 1  # with one epoch ρ = 1 and the clip never binds; use >= 2 for it to matter
+    minibatch_size: int = 32  # queries per optimiser step
+    queries_per_rollout: int = 12  # sampled queries per rollout in the loss
+    kl_coef: float = 0.0  # KL to the starting policy (k3 estimator); the paper config has 0.04
+    entropy_coef: float = 0.0
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    dynamic_sampling: bool = False
+    success_band: list[float] = field(default_factory=lambda: [0.1, 0.9])  # keep groups with rate in [lo, hi]
+    max_resample: int = 2  # re-sampling attempts per step for out-of-band groups; then they are skipped
+    wm_cotrain: bool = True  # update a trainable world model on the anchors' real labels
+    wm_update_steps: int = 4
+    save_every: int = 5
+    seed: int = 0
+
+
+@dataclass
+class GRPOPolicy:
+    checkpoint: str = ""  # the SFT checkpoint to start from
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    freeze_vision: bool = True
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+@dataclass
+class GRPOEnv:
+    suite: str = "libero_10"
+    tasks: list[str] = field(default_factory=lambda: ["0"])
+    envs_per_task: int = 2
+    image_convention: str = "minivla"
+    train_init_states: int = 50  # size of each task's pool of generated RL training states
+    rl_init_states: list[int] | None = None  # protocol (evaluation) indices instead; needs allow_eval_states
+    allow_eval_states: bool = False
+
+
+@dataclass
+class WorldModelSetup:
+    name: str = "progress"  # a registered scorer (world_models.registry)
+    options: dict = field(default_factory=dict)  # its keyword arguments, e.g. {path: runs/wm/world_model}
+    train: WMTrainConfig = field(default_factory=lambda: WMTrainConfig(lr=1e-4))  # online co-training
+
+
+@dataclass
+class DebiasConfig:
+    bins: int = 10
+    min_pairs: int = 200
+    refit_every: int = 64
+    capacity: int = 5000
+
+
+@dataclass
+class DenoiseConfig:
+    half_life: float = 64
+    warmup: int = 32
+    target_weight: float = 2.0
+    max_weight: float = 4.0
+
+
+@dataclass
+class GRPORecipe:
+    out: str = "runs/grpo"
+    resume: bool = True
+    policy: GRPOPolicy = field(default_factory=GRPOPolicy)
+    env: GRPOEnv = field(default_factory=GRPOEnv)
+    world_model: WorldModelSetup = field(default_factory=WorldModelSetup)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    debias: DebiasConfig = field(default_factory=DebiasConfig)
+    denoise: DenoiseConfig = field(default_factory=DenoiseConfig)
+
+
+def validate(recipe: GRPORecipe) -> None:
+    g = recipe.grpo
+    if g.reward_mode not in REWARD_MODES:
+        raise ValueError(f"grpo.reward_mode {g.reward_mode!r} is unknown; expected one of {REWARD_MODES}")
+    if g.anchor_reward not in ANCHOR_REWARDS:
+        raise ValueError(f"grpo.anchor_reward {g.anchor_reward!r} is unknown; expected one of {ANCHOR_REWARDS}")
+    if not 0 < g.anchor_fraction <= 1:
+        raise ValueError(f"grpo.anchor_fraction must lie in (0, 1], got {g.anchor_fraction}")
+    if g.grouping not in ("task", "init_state"):
+        raise ValueError(f"grpo.grouping must be 'task' or 'init_state', got {g.grouping!r}")
+    if g.rollouts_per_task % g.init_states_per_step:
+        raise ValueError(f"grpo.rollouts_per_task {g.rollouts_per_task} is not a multiple of init_states_per_step "
+                         f"{g.init_states_per_step}")
+    group_size = g.rollouts_per_task // (g.init_states_per_step if g.grouping == "init_state" else 1)
+    if group_size < 2:
+        raise ValueError(f"GRPO groups of {group_size} rollout(s): a group needs at least 2 (raise rollouts_per_task "
+                         "or lower init_states_per_step)")
+    if len(g.success_band) != 2 or not 0 <= g.success_band[0] <= g.success_band[1] <= 1:
+        raise ValueError(f"grpo.success_band must be [lo, hi] with 0 <= lo <= hi <= 1, got {g.success_band}")
+    if g.inner_epochs < 1 or g.minibatch_size < 1 or g.queries_per_rollout < 1 or g.max_resample < 0:
+        raise ValueError("grpo.inner_epochs, minibatch_size and queries_per_rollout must be >= 1, max_resample >= 0")
+    if not recipe.policy.checkpoint:
+        raise ValueError("policy.checkpoint is empty; GRPO starts from an SFT checkpoint (minivla-wmrl sft)")
+
+
+@dataclass
+class StepBatch:
+    """The rollouts of one step with their groups, anchors and labels."""
+
+    trajectories: list[Trajectory]
+    groups: np.ndarray  # group id per rollout
+    outcomes: np.ndarray  # real success (0/1)
+    anchors: np.ndarray  # bool
+    valid: np.ndarray  # False: an infrastructure failure (left out of everything)
+    resampled_groups: int = 0
+    skipped_groups: int = 0
+
+
+class GRPOTrainer:
+    """Everything one GRPO run holds: policy, optimiser, envs, world model, corrections, counters."""
+
+    def __init__(self, recipe: GRPORecipe, envs=None, progress: bool = True):
+        validate(recipe)
+        self.recipe, self.progress, self.out = recipe, progress, Path(recipe.out)
+        g, p = recipe.grpo, recipe.policy
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p.dtype]
+        self.policy = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype)
+        self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision)
+        self.reference = None
+        if g.kl_coef > 0 and not p.lora:  # with LoRA the reference is the model with its adapters disabled
+            self.reference = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype).requires_grad_(False)
+        self.trainable = [q for q in self.policy.parameters() if q.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=g.lr, weight_decay=g.weight_decay)
+
+        self.world_model = make_scorer(recipe.world_model.name, **recipe.world_model.options)
+        self.wm_trainer = None
+        if g.wm_cotrain and isinstance(self.world_model, torch.nn.Module):
+            self.wm_trainer = WorldModelTrainer(self.world_model, recipe.world_model.train)
+        self.debiaser = OnlineDebiaser(**asdict(recipe.debias))
+        self.weighter = InverseVarianceWeighter(**asdict(recipe.denoise))
+        self.step, self.counters = 0, {"real_steps": 0, "real_episodes": 0, "real_labels_used": 0}
+
+        self.envs = envs if envs is not None else self._make_envs()
+        self.owns_envs = envs is None
+        infos = self.envs.infos
+        self.task_ids = list(dict.fromkeys(info.task_id for info in infos))
+        self.instructions = {info.task_id: info.instruction for info in infos}
+        self.init_pools = self._init_state_pools()
+        self.engine = RolloutEngine(self.policy, self.envs, RolloutConfig(g.execute_steps, g.temperature, g.seed))
+
+    def _make_envs(self):
+        from envs.libero_env import LiberoEnv
+        from envs.vector_env import VectorEnv
+
+        e, cameras = self.recipe.env, ("agentview", "wrist")[:self.policy.config.num_images]
+        factories = [functools.partial(LiberoEnv, e.suite, task, cameras=cameras, image_convention=e.image_convention,
+                                       max_steps=self.recipe.grpo.max_real_steps)
+                     for task in e.tasks for _ in range(e.envs_per_task)]
+        return VectorEnv(factories)
+
+    def _init_state_pools(self) -> dict[str, list]:
+        """Per task: generated RL training states (LIBERO: new placement draws, checked disjoint from
+        the evaluation states; seeded envs: seed indices far above the evaluation ones), or protocol
+        indices when the recipe lists them and allows it."""
+        e, infos, pools = self.recipe.env, self.envs.infos, {}
+        for task_id in self.task_ids:
+            i = next(k for k, info in enumerate(infos) if info.task_id == task_id)
+            chosen = select_rl_init_states(e.rl_init_states, infos[i].num_init_states, e.allow_eval_states, task_id)
+            if chosen is not None:
+                pools[task_id] = chosen
+            elif infos[i].num_init_states is None:
+                pools[task_id] = [TRAIN_SEED_BASE + k for k in range(e.train_init_states)]
+            else:
+                states = np.stack([self.envs.call("sample_init_state", TRAIN_SEED_BASE + k, envs=[i])[0]
+                                   for k in range(e.train_init_states)])
+                check_disjoint(states, self.envs.call("published_init_states", envs=[i])[0], task_id)
+                pools[task_id] = list(states)
+        return pools
+
+    # -- 1. rollouts ------------------------------------------------------------------------------------
+
+    def _specs(self, task_index: int, attempt: int, group_slots: list[int]) -> list[tuple[EpisodeSpec, int]]:
+        """Episode specs for the given group slots of one task (init states and seeds fixed by step/attempt)."""
+        g, task_id = self.recipe.grpo, self.task_ids[task_index]
+        rng = np.random.default_rng([g.seed, self.step, attempt, task_index])
+        pool = self.init_pools[task_id]
+        per_state = g.rollouts_per_task // g.init_states_per_step
+        states = rng.choice(len(pool), g.init_states_per_step, replace=len(pool) < g.init_states_per_step)
+        specs = []
+        for slot in range(g.init_states_per_step):
+            group = task_index * g.init_states_per_step + slot if g.grouping == "init_state" else task_index
+            if group not in group_slots:
+                continue
+            for r in range(per_state):
+                seed = int(np.random.SeedSequence([g.seed, self.step, attempt, task_index, slot, r]).generate_state(1)[0])
+                specs.append((EpisodeSpec(task_id, pool[states[slot]], seed=seed), group))
+        return specs
+
+    def rollouts(self) -> StepBatch:
+        g = self.recipe.grpo
+        groups_per_task = g.init_states_per_step if g.grouping == "init_state" else 1
+        wanted = {t: list(range(t * groups_per_task, (t + 1) * groups_per_task)) if g.grouping == "init_state" else [t]
+                  for t in range(len(self.task_ids))}
+        kept: dict[int, list[Trajectory]] = {}
+        resampled = 0
+        for attempt in range(g.max_resample + 1 if g.dynamic_sampling else 1):
+            todo = [(spec, group) for t, slots in wanted.items() for spec, group in self._specs(t, attempt, slots)]
+            if not todo:
+                break
+            results = self.engine.run([s for s, _ in todo], progress=self.progress, desc=f"step {self.step + 1} rollouts")
+            self.counters["real_episodes"] += len(results)
+            self.counters["real_steps"] += sum(t.length for t in results)
+            by_group: dict[int, list[Trajectory]] = {}
+            for (_, group), trajectory in zip(todo, results):
+                by_group.setdefault(group, []).append(trajectory)
+            for group, members in by_group.items():
+                rate = np.mean([t.success for t in members if t.failure is None] or [0.0])
+                in_band = g.success_band[0] <= rate <= g.success_band[1]
+                if not g.dynamic_sampling or in_band:
+                    kept[group] = members
+            wanted = {t: [s for s in slots if s not in kept] for t, slots in wanted.items()}
+            resampled += sum(len(s) for s in wanted.values()) if attempt < g.max_resample else 0
+        skipped = sum(len(s) for s in wanted.values())
+        trajectories = [t for group in sorted(kept) for t in kept[group]]
+        groups = np.array([group for group in sorted(kept) for _ in kept[group]], dtype=np.int64)
+        valid = np.array([t.failure is None for t in trajectories], bool)
+        outcomes = np.array([float(t.success) for t in trajectories])
+        return StepBatch(trajectories, groups, outcomes, self._anchors(groups, valid), valid, resampled
+                         if g.dynamic_sampling else 0, skipped)
+
+    def _anchors(self, groups: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        g = self.recipe.grpo
+        rng = np.random.default_rng([g.seed, self.step, 1_000_003])
+        anchors = np.zeros(len(groups), bool)
+        if g.reward_mode == "sparse":
+            return valid.copy()  # the baseline labels every rollout
+        for group in np.unique(groups):
+            members = np.flatnonzero((groups == group) & valid)
+            count = min(len(members), int(round(g.anchor_fraction * len(members))))
+            anchors[rng.choice(members, count, replace=False)] = True
+        missing = min(g.min_anchors, int(valid.sum())) - int(anchors.sum())
+        if missing > 0:
+            anchors[rng.choice(np.flatnonzero(valid & ~anchors), missing, replace=False)] = True
+        return anchors
+
+    # -- 2-7. scoring, corrections, rewards, advantages -----------------------------------------------------
+
+    def score(self, batch: StepBatch) -> np.ndarray:
+        """World-model scores of every valid rollout (NaN for infrastructure failures)."""
+        size = getattr(getattr(self.world_model, "config", None), "image_size", None)
+        index = np.flatnonzero(batch.valid)
+        frames = [trajectory_frames(batch.trajectories[i]) for i in index]
+        if size is not None:
+            frames = [resize_frames(f, size) for f in frames]
+        scores = np.full(len(batch.trajectories), np.nan)
+        if len(index):
+            scores[index] = self.world_model.score(frames, [batch.trajectories[i].instruction for i in index],
+                                                   mode=self.recipe.grpo.wm_reduction)
+        bad = [int(i) for i in index if not np.isfinite(scores[i])]
+        if bad:
+            raise ValueError(f"world model {self.recipe.world_model.name!r} returned NaN/inf for rollout(s) {bad[:5]} "
+                             f"of step {self.step + 1}; the step is refused and nothing was written")
+        return scores
+
+    def rewards(self, batch: StepBatch, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Rewards (NaN = unlabelled) and the advantages after group normalisation and anchor weighting."""
+        g, a, y = self.recipe.grpo, batch.anchors, batch.outcomes
+        log = {"calibrated": 0.0, "bias_reduction": float("nan"), "anchor_weight": 1.0}
+        if g.reward_mode == "sparse":
+            rewards = y.copy()
+        elif g.reward_mode == "sparse_scarce":
+            rewards = np.where(a, y, np.nan)
+        elif g.reward_mode == "dense_raw":
+            rewards = scores.copy()
+        else:
+            self.debiaser.add(scores[a], y[a])
+            if self.debiaser.calibrated:
+                before = centred_residual(scores[a], y[a], batch.groups[a])
+                after = centred_residual(self.debiaser(scores[a]), y[a], batch.groups[a])
+                log.update(calibrated=1.0, bias_reduction=1 - after / before if before > 0 else float("nan"))
+                for group in np.unique(batch.groups[a]):
+                    member = a & (batch.groups == group)
+                    self.weighter.observe(self.debiaser(scores[member]), y[member])
+            calibrated = self.debiaser(scores)
+            anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[g.anchor_reward]
+            rewards = np.where(a, anchor_value, calibrated)
+        rewards = np.where(batch.valid, rewards, np.nan)
+        advantages, graded = group_advantages(rewards, batch.groups, g.scale_std)
+        if g.reward_mode == "dense_calib" and self.debiaser.calibrated:
+            log["anchor_weight"] = self.weighter.weight
+            advantages = weight_anchor_advantages(advantages, a, self.weighter.weight)
+        zero_std = [np.nanstd(rewards[(batch.groups == group) & graded]) < 1e-9 for group in np.unique(batch.groups)
+                    if ((batch.groups == group) & graded).any()]
+        log["frac_reward_zero_std"] = float(np.mean(zero_std)) if zero_std else 1.0
+        return rewards, np.where(graded, advantages, 0.0), log
+
+    # -- 8. policy update -----------------------------------------------------------------------------------
+
+    def _samples(self, batch: StepBatch, advantages: np.ndarray) -> list[tuple]:
+        g = self.recipe.grpo
+        rng = np.random.default_rng([g.seed, self.step, 2_000_003])
+        samples = []
+        for i, t in enumerate(batch.trajectories):
+            if advantages[i] == 0 or not batch.valid[i] or not t.num_queries:
+                continue  # zero-advantage samples carry no gradient
+            picks = np.sort(rng.choice(t.num_queries, min(g.queries_per_rollout, t.num_queries), replace=False))
+            samples += [(t.frames[q], t.instruction, t.token_ids[q], t.log_probs[q], advantages[i]) for q in picks]
+        return samples
+
+    def _reference_log_probs(self, images, instructions, tokens) -> torch.Tensor:
+        t = self.recipe.grpo.temperature
+        with torch.no_grad():
+            if self.reference is not None:
+                return self.reference.score(images, instructions, tokens, t)[0]
+            with self.policy.llm.disable_adapter():
+                return self.policy.score(images, instructions, tokens, t)[0]
+
+    def update(self, samples: list[tuple]) -> dict:
+        g = self.recipe.grpo
+        rng = np.random.default_rng([g.seed, self.step, 3_000_003])
+        totals: dict[str, list[float]] = {}
+        for _ in range(g.inner_epochs):
+            order = rng.permutation(len(samples))
+            for start in range(0, len(order), g.minibatch_size):
+                chunk = [samples[i] for i in order[start:start + g.minibatch_size]]
+                images = np.stack([s[0] for s in chunk])
+                instructions = [s[1] for s in chunk]
+                tokens = torch.as_tensor(np.stack([s[2] for s in chunk]), device=self.policy.device)
+                old = torch.as_tensor(np.stack([s[3] for s in chunk]), device=self.policy.device)
+                adv = torch.as_tensor([s[4] for s in chunk], dtype=torch.float32, device=self.policy.device)[:, None]
+                new, entropy = self.policy.score(images, instructions, tokens, g.temperature)
+                ratio = torch.exp(new - old)
+                clipped = torch.clamp(ratio, 1 - g.clip_eps, 1 + g.clip_eps_high)
+                loss = -torch.minimum(ratio * adv, clipped * adv).mean() - g.entropy_coef * entropy.mean()
+                if g.kl_coef > 0:
+                    log_ref_ratio = self._reference_log_probs(images, instructions, tokens) - new
+                    loss = loss + g.kl_coef * (torch.exp(log_ref_ratio) - log_ref_ratio - 1).mean()
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, g.grad_clip)
+                self.optimizer.step()
+                with torch.no_grad():
+                    log_ratio = new - old
+                    stats = {"loss": loss.item(), "entropy": entropy.mean().item(), "grad_norm": float(grad_norm),
+                             "approx_kl": ((torch.exp(log_ratio) - 1) - log_ratio).mean().item(),
+                             "clip_low": ((ratio < 1 - g.clip_eps) & (adv < 0)).float().mean().item(),
+                             "clip_high": ((ratio > 1 + g.clip_eps_high) & (adv > 0)).float().mean().item()}
+                for k, v in stats.items():
+                    totals.setdefault(k, []).append(v)
+        return {k: float(np.mean(v)) for k, v in totals.items()}
+
+    # -- one step, checkpoints --------------------------------------------------------------------------------
+
+    def train_step(self) -> dict:
+        g = self.recipe.grpo
+        self.policy.eval()
+        t0 = time.perf_counter()
+        batch = self.rollouts()
+        t1 = time.perf_counter()
+        scores = self.score(batch)
+        rewards, advantages, log = self.rewards(batch, scores)
+        t2 = time.perf_counter()
+        samples = self._samples(batch, advantages)
+        update = self.update(samples) if samples else {}
+        wm_loss = float("nan")
+        if self.wm_trainer is not None and batch.anchors.any():
+            labelled = [LabelledTrajectory(resize_frames(trajectory_frames(batch.trajectories[i]),
+                                                         self.world_model.config.image_size),
+                                           batch.trajectories[i].instruction, bool(batch.outcomes[i]), "rollout")
+                        for i in np.flatnonzero(batch.anchors)]
+            wm_loss = self.wm_trainer.update(labelled, g.wm_update_steps)
+        t3 = time.perf_counter()
+        self.step += 1
+        if g.reward_mode != "dense_raw":
+            self.counters["real_labels_used"] += int(batch.anchors.sum())
+        valid, a = batch.valid, batch.anchors
+        record = {
+            "step": self.step, "success_rate": float(batch.outcomes[valid].mean()) if valid.any() else float("nan"),
+            "rollouts": len(batch.trajectories), "failures": int((~valid).sum()),
+            "anchor_fraction": float(a.sum() / max(valid.sum(), 1)),
+            "reward_mean_anchor": float(np.nanmean(rewards[a])) if np.isfinite(rewards[a]).any() else float("nan"),
+            "reward_mean_wm": float(np.nanmean(rewards[valid & ~a])) if np.isfinite(rewards[valid & ~a]).any() else float("nan"),
+            "wm_score_mean": float(np.nanmean(scores)) if valid.any() else float("nan"),
+            **log, "samples": len(samples), **update, "wm_loss": wm_loss,
+            "resampled_groups": batch.resampled_groups, "skipped_groups": batch.skipped_groups, **self.counters,
+            "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
+        }
+        return record
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "counters": dict(self.counters), "optimizer": self.optimizer.state_dict(),
+                "debiaser": self.debiaser.state_dict(), "weighter": self.weighter.state_dict(),
+                "wm_trainer": self.wm_trainer.state_dict() if self.wm_trainer else None,
+                "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
+
+    def save(self) -> Path:
+        with atomic_directory(self.out / "checkpoints" / f"step_{self.step:07d}") as tmp:
+            write_policy(self.policy, tmp)
+            if isinstance(self.world_model, torch.nn.Module):
+                (tmp / "world_model").mkdir()
+                self.world_model.save(tmp / "world_model")
+            torch.save(self.state_dict(), tmp / "training_state.pt")
+        return self.out / "checkpoints" / f"step_{self.step:07d}"
+
+    def resume(self, directory: Path) -> None:
+        from safetensors.torch import load_model
+
+        load_model(self.policy, str(directory / "model.safetensors"), strict=True)
+        if isinstance(self.world_model, torch.nn.Module):
+            load_model(self.world_model, str(directory / "world_model" / "model.safetensors"), strict=True)
+        state = torch.load(directory / "training_state.pt", weights_only=False)
+        self.step, self.counters = state["step"], state["counters"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.debiaser.load_state_dict(state["debiaser"])
+        self.weighter.load_state_dict(state["weighter"])
+        if self.wm_trainer is not None and state["wm_trainer"] is not None:
+            self.wm_trainer.load_state_dict(state["wm_trainer"])
+        torch.set_rng_state(state["torch_rng"]), np.random.set_state(state["numpy_rng"]), random.setstate(state["python_rng"])
+
+    def close(self) -> None:
+        if self.owns_envs:
+            self.envs.close()
+
+
+def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
+    g, out = recipe.grpo, Path(recipe.out)
+    random.seed(g.seed), np.random.seed(g.seed), torch.manual_seed(g.seed)
+    trainer = GRPOTrainer(recipe, envs, progress)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, default=str))
+        resume_from = latest_checkpoint(out) if recipe.resume else None
+        if resume_from is not None:
+            trainer.resume(resume_from)
+        with MetricsLog(out, "grpo", trainer.step) as log:
+            for _ in tqdm(range(trainer.step, g.steps), desc="grpo", disable=not progress, initial=trainer.step,
+                          total=g.steps):
+                record = trainer.train_step()
+                if trainer.step % g.save_every == 0 or trainer.step == g.steps:
+                    trainer.save()
+                log.write(record)
+        return {"history": log.history, "checkpoint": str(latest_checkpoint(out)), "trainer": trainer}
+    finally:
+        trainer.close()
+
+
+def main(args) -> None:
+    recipe = load_recipe(GRPORecipe, Path(args.recipe), args.overrides)
+    result = train_grpo(recipe)
+    for r in result["history"][-3:]:
+        print(f"step {r['step']}: success {r['success_rate']:.3f}, anchor weight {r['anchor_weight']:.2f}, "
+              f"calibrated {bool(r['calibrated'])}, real episodes {r['real_episodes']}")
+    print(f"checkpoint: {result['checkpoint']}")

@@ -1,0 +1,115 @@
+"""WMRL GRPO on the real simulator: every reward mode, exact resume, bad input refused."""
+
+import functools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from envs.libero_env import LiberoEnv
+from envs.vector_env import VectorEnv
+from minivla_wmrl.config import config_from_dict
+from minivla_wmrl.policy.checkpoint import save_policy
+from minivla_wmrl.train.grpo import REWARD_MODES, GRPORecipe, train_grpo
+from tests.conftest import TASK0
+from tests.tiny_policy import make_policy
+from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
+
+EPISODE_STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def envs():
+    envs = VectorEnv([functools.partial(LiberoEnv, *TASK0, cameras=("agentview",), max_steps=EPISODE_STEPS)] * 2)
+    yield envs
+    envs.close()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo_start")
+    policy = save_policy(make_policy(seed=13), root / "policy")
+    torch.manual_seed(0)
+    world_model = root / "world_model"
+    world_model.mkdir()
+    ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1, dropout=0.0)).save(world_model)
+    return policy, world_model
+
+
+def recipe(checkpoints, out, **grpo) -> GRPORecipe:
+    policy, world_model = checkpoints
+    return config_from_dict(GRPORecipe, {
+        "out": str(out),
+        "policy": {"checkpoint": str(policy), "lora": True, "lora_r": 4, "lora_alpha": 8},
+        "env": {"train_init_states": 3},
+        "world_model": {"name": "progress", "options": {"path": str(world_model)},
+                        "train": {"batch_size": 2, "lr": 1e-3}},
+        "debias": {"min_pairs": 4, "refit_every": 2},
+        "denoise": {"warmup": 1},
+        "grpo": {"steps": 2, "rollouts_per_task": 4, "init_states_per_step": 2, "minibatch_size": 4,
+                 "queries_per_rollout": 2, "inner_epochs": 2, "wm_update_steps": 1, "save_every": 1, **grpo},
+    }, "test recipe")
+
+
+@pytest.mark.parametrize("mode", REWARD_MODES)
+def test_two_steps_in_every_reward_mode(envs, checkpoints, tmp_path, mode):
+    extra = {"kl_coef": 0.04} if mode == "dense_calib" else {}
+    if mode == "sparse_scarce":
+        extra = {"anchor_fraction": 0.5}
+    result = train_grpo(recipe(checkpoints, tmp_path, reward_mode=mode, **extra), envs=envs, progress=False)
+    history = result["history"]
+    assert [r["step"] for r in history] == [1, 2]
+    last = history[-1]
+    assert last["real_episodes"] == 8 and last["real_steps"] == 8 * EPISODE_STEPS  # random policy: every episode capped
+    for key in ("success_rate", "anchor_fraction", "calibrated", "bias_reduction", "anchor_weight",
+                "frac_reward_zero_std", "time_rollout", "time_scoring", "time_update", "real_labels_used"):
+        assert key in last
+    expected_anchor_fraction = {"sparse": 1.0, "dense_raw": 1.0, "dense_calib": 1.0, "sparse_scarce": 0.5}[mode]
+    assert last["anchor_fraction"] == expected_anchor_fraction
+    if mode in ("sparse", "sparse_scarce"):
+        # a random policy never succeeds: all-equal real rewards give no signal, so no update happens
+        assert last["frac_reward_zero_std"] == 1.0 and last["samples"] == 0
+    else:
+        assert last["samples"] == 8 and 0 <= last["clip_low"] <= 1 and 0 <= last["clip_high"] <= 1
+        assert np.isfinite(last["loss"]) and np.isfinite(last["approx_kl"])
+    if mode == "dense_calib":
+        assert result["trainer"].debiaser.fits >= 1 and len(result["trainer"].debiaser.pairs) == 8
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    checkpoint = tmp_path / "checkpoints" / "step_0000002"
+    assert (checkpoint / "model.safetensors").exists() and (checkpoint / "world_model" / "config.json").exists()
+
+
+def test_interrupted_run_resumes_with_identical_results(envs, checkpoints, tmp_path):
+    full = train_grpo(recipe(checkpoints, tmp_path / "full", reward_mode="dense_calib"), envs=envs, progress=False)
+    train_grpo(recipe(checkpoints, tmp_path / "cut", reward_mode="dense_calib", steps=1), envs=envs, progress=False)
+    resumed = train_grpo(recipe(checkpoints, tmp_path / "cut", reward_mode="dense_calib"), envs=envs, progress=False)
+    a, b = full["history"][-1], resumed["history"][-1]
+    for key in ("success_rate", "wm_score_mean", "loss", "approx_kl", "wm_loss", "real_episodes", "samples"):
+        assert a[key] == pytest.approx(b[key], rel=1e-6, nan_ok=True), key
+    for (name, p), q in zip(full["trainer"].policy.named_parameters(), resumed["trainer"].policy.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+    assert full["trainer"].debiaser.state_dict() == resumed["trainer"].debiaser.state_dict()
+
+
+def nan_world_model(frames, instructions):
+    return np.full(frames.shape[:2], np.nan), np.full(len(frames), np.nan)
+
+
+def test_bad_settings_and_a_nan_world_model_are_refused(envs, checkpoints, tmp_path):
+    with pytest.raises(ValueError, match="reward_mode 'dense' is unknown"):
+        train_grpo(recipe(checkpoints, tmp_path / "a", reward_mode="dense"), envs=envs, progress=False)
+    for fraction in (0.0, 1.5):
+        with pytest.raises(ValueError, match="anchor_fraction must lie in \\(0, 1\\]"):
+            train_grpo(recipe(checkpoints, tmp_path / "b", anchor_fraction=fraction), envs=envs, progress=False)
+    with pytest.raises(ValueError, match="groups of 1 rollout"):
+        train_grpo(recipe(checkpoints, tmp_path / "c", grouping="init_state", rollouts_per_task=2), envs=envs,
+                   progress=False)
+    assert not any((tmp_path / d).exists() for d in "abc")
+    bad = recipe(checkpoints, tmp_path / "d", reward_mode="dense_calib")
+    bad.world_model.name, bad.world_model.options = "callable", {"fn": nan_world_model}
+    with pytest.raises(ValueError, match="NaN"):
+        train_grpo(bad, envs=envs, progress=False)
+    assert (tmp_path / "d" / "metrics.jsonl").read_text() == ""
+    assert not (tmp_path / "d" / "checkpoints").exists()

@@ -1,0 +1,83 @@
+"""The WMRL corrections and GRPO advantages against hand-computed cases (pure logic)."""
+
+import numpy as np
+import pytest
+
+from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_residual, fit_bucketed_isotonic,
+                               group_advantages, pool_adjacent_violators, weight_anchor_advantages)
+
+
+def test_pool_adjacent_violators_with_violations_weights_and_ties():
+    np.testing.assert_allclose(pool_adjacent_violators([1, 3, 2, 4], [1, 1, 1, 1]), [1, 2.5, 2.5, 4])
+    np.testing.assert_allclose(pool_adjacent_violators([1, 3, 2, 4], [1, 1, 3, 1]), [1, 2.25, 2.25, 4])
+    np.testing.assert_allclose(pool_adjacent_violators([2, 2, 1], [1, 1, 1]), [5 / 3] * 3)  # a tie pooled on
+    np.testing.assert_allclose(pool_adjacent_violators([0, 1, 1, 2], [1, 2, 3, 4]), [0, 1, 1, 2])  # already monotone
+
+
+def test_bucketed_isotonic_fit_and_clamped_interpolation():
+    x, y = fit_bucketed_isotonic([0.05, 0.15, 0.15, 0.95], [1, 0, 0, 1], bins=10)
+    np.testing.assert_allclose(x, [0.05, 0.15, 0.95])
+    np.testing.assert_allclose(y, [1 / 3, 1 / 3, 1])
+    assert fit_bucketed_isotonic([0.11, 0.12, 0.19], [0, 1, 1]) is None  # one populated bin → identity
+    debiaser = OnlineDebiaser(min_pairs=4)
+    debiaser.add([0.05, 0.15, 0.15, 0.95], [1, 0, 0, 1])
+    assert debiaser.calibrated
+    np.testing.assert_allclose(debiaser([0.0, 0.55, 1.0, -0.3]), [1 / 3, 2 / 3, 1, 1 / 3])
+
+
+def test_debiaser_is_identity_until_min_pairs_then_refits_on_schedule_with_a_fifo():
+    debiaser = OnlineDebiaser(min_pairs=4, refit_every=3, capacity=5)
+    assert not debiaser.add([0.1, 0.5, 0.9], [0, 1, 1]) and not debiaser.calibrated
+    np.testing.assert_allclose(debiaser([0.3]), [0.3])
+    assert debiaser.add([0.2], [0]) and debiaser.calibrated and debiaser.fits == 1
+    assert not debiaser.add([0.3, 0.4], [1, 0]) and debiaser.fits == 1
+    assert debiaser.add([0.6], [1]) and debiaser.fits == 2
+    assert len(debiaser.pairs) == 5 and list(debiaser.pairs)[0] == (0.9, 1.0)  # the two oldest pairs dropped
+    restored = OnlineDebiaser(min_pairs=4, refit_every=3, capacity=5)
+    restored.load_state_dict(debiaser.state_dict())
+    np.testing.assert_allclose(restored([0.25, 0.7]), debiaser([0.25, 0.7]))
+    with pytest.raises(ValueError, match="finite"):
+        debiaser.add([np.nan], [1])
+
+
+def test_centred_residual_and_bias_reduction():
+    # A constant offset within a group is removed by centring; a slope error is not.
+    assert centred_residual([0.5, 0.6], [0, 0.1], [0, 0]) == pytest.approx(0)
+    assert centred_residual([0.4, 0.6], [0, 1], [0, 0]) == pytest.approx(((-0.1 + 0.5) ** 2 + (0.1 - 0.5) ** 2) / 2)
+
+
+def test_weighter_ema_freezes_c_once_and_clips():
+    assert InverseVarianceWeighter().alpha == pytest.approx(0.010772, abs=1e-6)
+    w = InverseVarianceWeighter(half_life=1, warmup=2, target_weight=2.0, max_weight=4.0)  # alpha = 0.5
+    assert w.observe([0, 1], [0, 1]) == 0.0 and w.weight == 1.0  # s² = 0
+    assert w.observe([0.3, 0.7], [1, 1]) is None and w.observations == 1  # constant outcomes ignored
+    assert w.observe([1, 0], [0, 1]) == pytest.approx(4.0)  # ((±1)²) / 0.25
+    assert w.ema == pytest.approx(2.0) and w.c == pytest.approx(0.5) and w.weight == pytest.approx(2.0)
+    w.observe([1, 0], [0, 1])
+    assert w.ema == pytest.approx(3.0) and w.c == pytest.approx(0.5) and w.weight == pytest.approx(2.5)
+    w.observe([10, 0], [0, 1])  # s² = 121: the weight would be 32
+    assert w.c == pytest.approx(0.5) and w.weight == 4.0
+
+
+def test_group_advantages_with_and_without_std_scaling():
+    rewards, groups = np.array([1.0, 0, 0, 1, 0.2, 0.4]), np.array([0, 0, 0, 0, 1, 1])
+    advantages, graded = group_advantages(rewards, groups)
+    np.testing.assert_allclose(advantages, [0.5 / 0.5001, -0.5 / 0.5001, -0.5 / 0.5001, 0.5 / 0.5001,
+                                            -0.1 / 0.1001, 0.1 / 0.1001])
+    assert graded.all()
+    centred, _ = group_advantages(rewards, groups, scale_std=False)
+    np.testing.assert_allclose(centred, [0.5, -0.5, -0.5, 0.5, -0.1, 0.1])
+    constant, _ = group_advantages(np.ones(3), np.zeros(3))
+    np.testing.assert_allclose(constant, 0)
+
+
+def test_unlabelled_rewards_are_left_out_not_zeroed():
+    advantages, graded = group_advantages(np.array([1.0, np.nan, 0.0, np.nan, 0.5]), np.array([0, 0, 0, 1, 1]))
+    np.testing.assert_allclose(advantages, [1 / 1.0002, 0, -1 / 1.0002, 0, 0], rtol=1e-6)
+    assert graded.tolist() == [True, False, True, False, False]  # group 1 has one graded member: no signal
+
+
+def test_anchor_weighting_after_normalisation():
+    advantages, _ = group_advantages(np.array([1.0, 0.0, 1.0, 0.0]), np.zeros(4))
+    weighted = weight_anchor_advantages(advantages, [True, True, False, False], 2.0)
+    np.testing.assert_allclose(weighted, advantages * [2, 2, 1, 1])
