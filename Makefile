@@ -29,7 +29,7 @@ test: setup
 	$(VENV)/bin/pytest -q tests
 
 demo: setup
-	$(VENV)/bin/minivla-wmrl bench env --suite libero_10 --task 0 --steps 520 --chunk 8 --json runs/bench_env.json
+	$(VENV)/bin/minivla-wmrl run recipes/demo.yaml
 
 clean:
 	rm -rf $(VENV)

@@ -13,7 +13,7 @@ from envs.base import Observation, RobotEnv
 from envs.gl import prepare_gl
 
 
-def _register_known_packages() -> None:
+def register_known_packages() -> None:
     import gymnasium as gym
 
     try:
@@ -47,7 +47,7 @@ class GymRobotEnv(RobotEnv):
         super().__init__()
         import gymnasium as gym
 
-        _register_known_packages()
+        register_known_packages()
         if env_id not in gym.registry:
             raise ValueError(f"unknown gymnasium env id {env_id!r}; is the package that registers it installed?")
         kwargs = dict(make_kwargs or {})

@@ -84,7 +84,47 @@ class _Worker:
         self.conn.close()
 
 
-class VectorEnv:
+class EnvPool:
+    """What every pool of envs offers the rollout engine: `reset`/`step`/`call` on many envs at once,
+    `infos`, `num_envs`; subclasses run commands in parallel (`_run`) and restart lost workers."""
+
+    num_envs: int
+
+    def _run(self, command: str, args_per_env: dict[int, tuple]) -> dict[int, Any]:
+        raise NotImplementedError
+
+    def reset(self, init_states: Sequence[int | np.ndarray | None], render: bool = True) -> list[Observation | EnvFailure | None]:
+        """Reset every env whose init state is not None; returns its first observation or a failure."""
+        self._check_len(init_states)
+        results = self._run("reset", {i: (s, render) for i, s in enumerate(init_states) if s is not None})
+        return [results.get(i) for i in range(self.num_envs)]
+
+    def step(self, actions: Sequence[np.ndarray | None], render: bool = True) -> list[StepResult | None]:
+        """Step every env whose action (or chunk) is not None. A failed env's result is a finished,
+        unsuccessful StepResult with `failure` set to the reason."""
+        self._check_len(actions)
+        results = self._run("step", {i: (a, render) for i, a in enumerate(actions) if a is not None})
+        out: list[StepResult | None] = []
+        for i in range(self.num_envs):
+            r = results.get(i)
+            if isinstance(r, EnvFailure):
+                r = StepResult(None, 0.0, False, True, 0, failure=r.reason)
+            out.append(r)
+        return out
+
+    def call(self, method: str, *args, envs: Sequence[int] | None = None) -> list[Any]:
+        """Call a method of every env, or of the envs listed (e.g. 'get_state'); failures come back as EnvFailure."""
+        indices = range(self.num_envs) if envs is None else list(envs)
+        results = self._run(method, {i: args for i in indices})
+        return [results[i] for i in indices]
+
+    def _check_len(self, items: Sequence) -> None:
+        if len(items) != self.num_envs:
+            raise ValueError(f"got {len(items)} entries for {self.num_envs} envs; pass None for envs to leave alone")
+
+
+
+class VectorEnv(EnvPool):
     """Run one env per worker process; `reset`/`step` act on many envs at once.
 
     Args:
@@ -183,35 +223,6 @@ class VectorEnv:
             if isinstance(result, EnvFailure) and not result.reason.startswith("exception"):
                 self._restart(i)
         return results
-
-    def reset(self, init_states: Sequence[int | np.ndarray | None], render: bool = True) -> list[Observation | EnvFailure | None]:
-        """Reset every env whose init state is not None; returns its first observation or a failure."""
-        self._check_len(init_states)
-        results = self._run("reset", {i: (s, render) for i, s in enumerate(init_states) if s is not None})
-        return [results.get(i) for i in range(self.num_envs)]
-
-    def step(self, actions: Sequence[np.ndarray | None], render: bool = True) -> list[StepResult | None]:
-        """Step every env whose action (or chunk) is not None. A failed env's result is a finished,
-        unsuccessful StepResult with `failure` set to the reason."""
-        self._check_len(actions)
-        results = self._run("step", {i: (a, render) for i, a in enumerate(actions) if a is not None})
-        out: list[StepResult | None] = []
-        for i in range(self.num_envs):
-            r = results.get(i)
-            if isinstance(r, EnvFailure):
-                r = StepResult(None, 0.0, False, True, 0, failure=r.reason)
-            out.append(r)
-        return out
-
-    def call(self, method: str, *args, envs: Sequence[int] | None = None) -> list[Any]:
-        """Call a method of every env, or of the envs listed (e.g. 'get_state'); failures come back as EnvFailure."""
-        indices = range(self.num_envs) if envs is None else list(envs)
-        results = self._run(method, {i: args for i in indices})
-        return [results[i] for i in indices]
-
-    def _check_len(self, items: Sequence) -> None:
-        if len(items) != self.num_envs:
-            raise ValueError(f"got {len(items)} entries for {self.num_envs} envs; pass None for envs to leave alone")
 
     def close(self) -> None:
         for worker in self._workers:

@@ -1,4 +1,4 @@
-"""Atomic output directories: write into a temporary sibling, rename into place when complete."""
+"""Atomic outputs (directories and files): write into a temporary sibling, rename into place when complete."""
 
 from __future__ import annotations
 
@@ -27,4 +27,19 @@ def atomic_directory(directory: Path) -> Iterator[Path]:
         os.replace(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temporary sibling path that replaces `path` only if the block finishes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
         raise

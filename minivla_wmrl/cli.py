@@ -90,6 +90,12 @@ def _grpo(args) -> None:
     main(args)
 
 
+def _run(args) -> None:
+    from minivla_wmrl.pipeline import main
+
+    main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minivla-wmrl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -147,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--videos-per-task", type=int, help="keep at most this many videos per task")
     evaluation.add_argument("--device", default="cpu")
     evaluation.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    evaluation.add_argument("--backend", default="local", choices=["local", "ray"], help="simulator workers")
+    evaluation.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
     evaluation.set_defaults(run=_eval)
 
     wm = commands.add_parser("wm", help="train the progress/success world model on demos and labelled rollouts")
@@ -158,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     grpo.add_argument("recipe", help="YAML recipe (sections: policy, env, world_model, grpo, debias, denoise)")
     grpo.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. grpo.reward_mode=sparse")
     grpo.set_defaults(run=_grpo)
+
+    run = commands.add_parser("run", help="run a whole recipe: demos, vq, sft, wm, grpo, eval")
+    run.add_argument("recipe", help="pipeline recipe, e.g. recipes/libero_90.yaml or recipes/demo.yaml")
+    run.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. grpo.grpo.steps=10")
+    run.add_argument("--stage", choices=["demos", "vq", "sft", "wm", "grpo", "eval"], help="run only this stage")
+    run.add_argument("--dry-run", action="store_true",
+                     help="validate the recipe and build every component on the meta device; list user inputs")
+    run.set_defaults(run=_run)
 
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")
@@ -191,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--task", default="0")
     rollout.add_argument("--max-steps", type=int, default=64, help="episode cap after the wait steps")
     rollout.add_argument("--execute-steps", type=int, default=8)
+    rollout.add_argument("--backend", default="local", choices=["local", "ray"],
+                         help="local: engine vs naive loop; ray: the engine on 1 Ray actor vs --workers actors")
+    rollout.add_argument("--workers", type=int, default=2, help="Ray actors (with --backend ray)")
+    rollout.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
     rollout.add_argument("--json", help="write the result as JSON here")
     rollout.set_defaults(run=_bench_rollout)
     bench_wm = bench.add_parser("wm", help="trajectories scored/s by the world model vs real rollouts/s")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from envs.factory import GYM, env_factory, env_pool
 from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, resolve_task
-from envs.vector_env import VectorEnv
 from minivla_wmrl.init_states import evaluation_init_states
 from minivla_wmrl.policy.checkpoint import load_policy
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
@@ -49,6 +49,9 @@ class EvalConfig:
     videos_per_task: int | None = None  # keep at most this many videos per task (the first trials)
     device: str = "cpu"
     dtype: str = "float32"
+    gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
+    backend: str = "local"  # simulator workers: "local" processes or "ray" actors
+    ray_address: str | None = None
 
 
 def checkpoint_hash(directory: Path) -> str:
@@ -64,7 +67,8 @@ def checkpoint_hash(directory: Path) -> str:
 
 def settings(config: EvalConfig, tasks: list[int]) -> dict:
     """Everything that changes the numbers; a resumed evaluation must match it exactly."""
-    max_steps = config.max_steps or SUITE_MAX_STEPS[config.suite]
+    protocol_cap = SUITE_MAX_STEPS.get(config.suite)
+    max_steps = config.max_steps or protocol_cap or "env default"
     convention = IMAGE_CONVENTIONS[config.image_convention]
     return {
         "checkpoint": str(Path(config.checkpoint).resolve()), "checkpoint_sha256": checkpoint_hash(Path(config.checkpoint)),
@@ -72,10 +76,10 @@ def settings(config: EvalConfig, tasks: list[int]) -> dict:
         "seed": config.seed,
         "sampling": "greedy" if config.temperature == 0 else f"temperature {config.temperature}",
         "execute_steps": config.execute_steps, "max_steps": max_steps,
-        "protocol_max_steps": max_steps == SUITE_MAX_STEPS[config.suite], "num_wait_steps": 10,
+        "protocol_max_steps": max_steps == protocol_cap, "num_wait_steps": 10 if protocol_cap else 0,
         "image_convention": convention.name, "resolution": convention.resolution, "image_transform": convention.transform,
         "renderer": {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "PYOPENGL_PLATFORM": os.environ.get("PYOPENGL_PLATFORM")},
-        "device": config.device, "dtype": config.dtype, "torch": torch.__version__, "python": platform.python_version(),
+        "gym": config.gym, "device": config.device, "dtype": config.dtype, "torch": torch.__version__, "python": platform.python_version(),
     }
 
 
@@ -148,13 +152,22 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         raise ValueError(f"videos must be one of {VIDEO_CHOICES}, got {config.videos!r}")
     if config.image_convention not in IMAGE_CONVENTIONS:
         raise ValueError(f"unknown image_convention {config.image_convention!r}; expected one of {list(IMAGE_CONVENTIONS)}")
-    bench = get_suite(config.suite)
-    tasks = [resolve_task(bench, t) for t in config.tasks] if config.tasks else list(range(bench.n_tasks))
-    trial_ids = {task: evaluation_init_states(config.trials, len(bench.get_task_init_states(task)), config.first_trial)
-                 for task in tasks}
+    if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
+        if not config.tasks:
+            raise ValueError("suite gym needs tasks: the gymnasium env ids to evaluate")
+        tasks, names = list(config.tasks), {t: (t, config.gym.get("instruction", "")) for t in config.tasks}
+        trial_ids = {t: evaluation_init_states(config.trials, None, config.first_trial) for t in tasks}
+        action_dim = None
+    else:
+        bench = get_suite(config.suite)
+        tasks = [resolve_task(bench, t) for t in config.tasks] if config.tasks else list(range(bench.n_tasks))
+        names = {t: (bench.get_task(t).name, bench.get_task(t).language) for t in tasks}
+        trial_ids = {task: evaluation_init_states(config.trials, len(bench.get_task_init_states(task)),
+                                                  config.first_trial) for task in tasks}
+        action_dim = LiberoEnv.action_dim
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
     policy = load_policy(Path(config.checkpoint), device=config.device, dtype=dtype)
-    _check_policy(policy, LiberoEnv.action_dim, config.checkpoint)
+    _check_policy(policy, action_dim or policy.action_tokenizer.config.action_dim, config.checkpoint)
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -171,18 +184,16 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
 
     episodes_path = out / "episodes.jsonl"
     records = read_episodes(episodes_path)
-    names = {t: (bench.get_task(t).name, bench.get_task(t).language) for t in tasks}
     rollout = RolloutConfig(config.execute_steps, config.temperature, config.seed, record_frames=config.videos != "none")
-    cameras = ("agentview", "wrist")[:policy.config.num_images]
+    cameras = ("agentview", "wrist")[:policy.config.num_images] if config.suite != GYM else None
     with open(episodes_path, "a") as log:
         for task in tasks:
             todo = [i for i in trial_ids[task] if (task, i) not in records]
             if not todo:
                 continue
             videos_so_far = sum(1 for (t, _), r in records.items() if t == task and r.get("video"))
-            factory = functools.partial(LiberoEnv, config.suite, task, cameras=cameras,
-                                        image_convention=config.image_convention, max_steps=config.max_steps,
-                                        seed=config.seed)
+            factory = env_factory(config.suite, task, cameras or (), config.image_convention, config.max_steps,
+                                  config.seed, config.gym)
 
             def on_episode(trajectory: Trajectory, task=task) -> None:
                 nonlocal videos_so_far
@@ -191,7 +202,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                           "length": trajectory.length, "success_step": trajectory.success_step,
                           "failure": trajectory.failure, "video": None}
                 if trajectory.num_queries and _wants_video(config, trajectory.success, videos_so_far):
-                    record["video"] = str(Path("videos") / f"task{task:03d}_trial{trial:02d}.mp4")
+                    record["video"] = str(Path("videos") / f"task{str(task).zfill(3)}_trial{trial:02d}.mp4")
                     _episode_video(out / record["video"], trajectory, f"task {task} trial {trial}", config.execute_steps)
                     videos_so_far += 1
                 log.write(json.dumps(record) + "\n")
@@ -199,7 +210,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                 os.fsync(log.fileno())
                 records[(task, trial)] = record
 
-            with VectorEnv([factory] * min(config.envs, len(todo))) as envs:
+            with env_pool([factory] * min(config.envs, len(todo)), config.backend, config.ray_address) as envs:
                 task_id = envs.infos[0].task_id
                 specs = [EpisodeSpec(task_id, i, seed=i, tag=i) for i in todo]
                 RolloutEngine(policy, envs, rollout, cameras).run(specs, on_episode, progress,
@@ -225,7 +236,8 @@ def main(args) -> None:
                         trials=args.trials, first_trial=args.first_trial, envs=args.envs, execute_steps=args.execute_steps,
                         temperature=args.temperature, seed=args.seed, max_steps=args.max_steps,
                         image_convention=args.image_convention, videos=args.videos,
-                        videos_per_task=args.videos_per_task, device=args.device, dtype=args.dtype)
+                        videos_per_task=args.videos_per_task, device=args.device, dtype=args.dtype,
+                        backend=args.backend, ray_address=args.ray_address)
     info = evaluate(config)
     print(markdown_table(info))
     print(f"results: {Path(config.out) / 'eval_info.json'}")

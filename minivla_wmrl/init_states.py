@@ -37,11 +37,27 @@ def check_disjoint(train_states: np.ndarray, eval_states: np.ndarray, task_id: s
                              "not train on evaluation states (set allow_eval_states to do it on purpose)")
 
 
-def training_init_states(env, count: int, first: int = 0) -> np.ndarray:
-    """`count` RL training states of a LIBERO env, drawn with seeds TRAIN_SEED_BASE + first + k."""
-    states = np.stack([env.sample_init_state(TRAIN_SEED_BASE + first + k) for k in range(count)])
-    check_disjoint(states, env.init_states, env.task_id)
-    return states
+def training_init_states(sample, published: np.ndarray | None, count: int, task_id: str, first: int = 0) -> list:
+    """`count` RL training init states of a task.
+
+    Envs with published states (LIBERO): `sample(seed)` draws a new raw state for seeds
+    TRAIN_SEED_BASE + first + k, checked disjoint from `published`. Envs whose init states are
+    reset seeds (`published` None): the indices TRAIN_SEED_BASE + first + k themselves.
+    """
+    seeds = [TRAIN_SEED_BASE + first + k for k in range(count)]
+    if published is None:
+        return seeds
+    states = np.stack([sample(seed) for seed in seeds])
+    check_disjoint(states, published, task_id)
+    return list(states)
+
+
+def vector_training_init_states(envs, env_index: int, count: int) -> list:
+    """`training_init_states` for the task of env `env_index` of a `VectorEnv` (sampled in its worker)."""
+    info = envs.infos[env_index]
+    published = envs.call("published_init_states", envs=[env_index])[0] if info.num_init_states else None
+    return training_init_states(lambda seed: envs.call("sample_init_state", seed, envs=[env_index])[0], published,
+                                count, info.task_id)
 
 
 def select_rl_init_states(indices: list[int] | None, num_eval_states: int | None, allow_eval_states: bool,

@@ -39,6 +39,7 @@ class RolloutConfig:
     temperature: float = 0.0  # 0: greedy (evaluation); > 0: sampling (RL)
     seed: int = 0  # run seed; with each episode's seed it fixes the episode's sampling noise
     record_frames: bool = True  # keep the images of every query (GRPO re-scores them; the world model reads them)
+    retry_failures: int = 2  # re-run an episode cut short by a lost worker (crash, timeout) up to this many times
 
 
 @dataclass
@@ -135,6 +136,10 @@ class RolloutEngine:
             if missing:
                 raise ValueError(f"env {i} ({info.task_id}) renders {list(info.cameras)}; the policy needs {missing}")
         self.cameras = tuple(cameras)
+        action_dim = policy.action_tokenizer.config.action_dim
+        wrong = [info.task_id for info in infos if info.action_dim != action_dim]
+        if wrong:
+            raise ValueError(f"the policy makes {action_dim}-dim actions; env(s) {wrong} take {infos[0].action_dim}-dim ones")
         chunk_len = policy.action_tokenizer.config.chunk_len
         if config.execute_steps > chunk_len:
             raise ValueError(f"execute_steps {config.execute_steps} exceeds the policy's chunk length {chunk_len}")
@@ -155,7 +160,17 @@ class RolloutEngine:
         c = self.config
         bar = tqdm(total=len(specs), desc=desc, disable=not progress, leave=False)
 
+        retries: dict[int, int] = {}
+
         def finish(i: int, result: StepResult | None, failure: str | None) -> None:
+            spec = running[i].spec
+            lost = failure is not None and failure.startswith(("worker crash", "worker timeout"))
+            if lost and retries.get(id(spec), 0) < c.retry_failures:
+                # the episode depends only on its init state and seed: re-running it loses nothing
+                retries[id(spec)] = retries.get(id(spec), 0) + 1
+                running.pop(i)
+                pending[spec.task_id].appendleft(spec)
+                return
             trajectory = running.pop(i).finish(result, failure, self.cameras, c.record_frames)
             done[order[id(trajectory.spec)]] = trajectory
             bar.update(1)

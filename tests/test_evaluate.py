@@ -106,7 +106,7 @@ def test_bad_checkpoints_and_tasks_are_clear_errors(checkpoint, tmp_path):
 
 
 def test_rl_training_states_are_new_draws_disjoint_from_evaluation(libero_env):
-    states = training_init_states(libero_env, 2)
+    states = np.stack(training_init_states(libero_env.sample_init_state, libero_env.init_states, 2, libero_env.task_id))
     assert states.shape == (2, libero_env.init_states.shape[1])
     assert not np.allclose(states[0], states[1])
     observation = libero_env.reset(states[0])  # a generated state is a valid start

@@ -36,7 +36,7 @@ class ReplayPolicy:
     def __init__(self, actions: np.ndarray):
         self.actions, self.calls = actions, 0
         self.config = SimpleNamespace(num_images=1, num_action_tokens=7)
-        self.action_tokenizer = SimpleNamespace(config=SimpleNamespace(chunk_len=8))
+        self.action_tokenizer = SimpleNamespace(config=SimpleNamespace(chunk_len=8, action_dim=7))
 
     def generate(self, images, instructions, temperature=0.0, generator=None, uniforms=None):
         chunk = self.actions[self.calls * 8:(self.calls + 1) * 8]

@@ -1,10 +1,14 @@
 """Scripted demos written as LIBERO hdf5, the demo dataset, and SFT (learning, resume, recipes)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from minivla_wmrl.config import config_from_dict, load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
@@ -101,3 +105,33 @@ def test_recipe_errors_name_the_key(tmp_path):
         load_recipe(SFTRecipe, path)
     path.write_text("out: x\n")
     assert load_recipe(SFTRecipe, path, ["sft.lr=1e-4", "policy.lora=true"]).sft.lr == 1e-4
+
+
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(demos, tmp_path):
+    from safetensors.torch import load_file
+
+    from minivla_wmrl.train.vq import VQTrainConfig, run_vq
+
+    vq = run_vq([str(demos)], tmp_path / "vq", VQTrainConfig(steps=50, batch_size=256))["action_tokenizer"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    weights = {}
+    for processes in (1, 2):
+        out = tmp_path / f"run{processes}"
+        recipe = tmp_path / f"recipe{processes}.yaml"
+        recipe.write_text(json.dumps({
+            "out": str(out), "policy": {"preset": "tiny"}, "vq": {"path": vq},
+            "data": {"paths": [str(demos)], "val_fraction": 0.34},
+            "sft": {"steps": 4, "batch_size": 8, "lr": 3e-3, "log_every": 1, "eval_every": 1000, "save_every": 4}}))
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                        str(processes), "-m", "minivla_wmrl.cli", "sft", str(recipe)],
+                       check=True, env=env, capture_output=True)
+        weights[processes] = load_file(out / "checkpoints" / "step_0000004" / "model.safetensors")
+    assert weights[1].keys() == weights[2].keys()
+    for name, tensor in weights[1].items():
+        torch.testing.assert_close(weights[2][name], tensor, atol=2e-5, rtol=1e-4, msg=name)
+    logs = {p: [json.loads(line) for line in (tmp_path / f"run{p}" / "metrics.jsonl").read_text().splitlines()]
+            for p in (1, 2)}
+    assert [r["step"] for r in logs[2]] == [1, 2, 3, 4]
+    assert logs[1][-1]["loss"] < logs[1][0]["loss"]  # it trained
+    # rank 0 logs the mean over processes: the global batch's loss
+    np.testing.assert_allclose([r["loss"] for r in logs[2]], [r["loss"] for r in logs[1]], rtol=1e-4)

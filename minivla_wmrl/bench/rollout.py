@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from envs.libero_env import LiberoEnv
-from envs.vector_env import VectorEnv
+from envs.factory import env_pool
 from minivla_wmrl.action_tokenizer import ActionTokenizer
 from minivla_wmrl.bench.policy import naive_query
 from minivla_wmrl.normalization import ActionStatistics
@@ -59,14 +59,26 @@ def _naive(policy: MiniVLA, suite: str, task: str, episodes: int, max_steps: int
 
 
 def _engine(policy: MiniVLA, suite: str, task: str, episodes: int, max_steps: int, execute_steps: int,
-            num_envs: int) -> tuple[float, int]:
+            num_envs: int, backend: str = "local", address: str | None = None) -> tuple[float, int]:
     factory = functools.partial(LiberoEnv, suite, task, cameras=("agentview",), max_steps=max_steps)
-    with VectorEnv([factory] * num_envs) as envs:
+    with env_pool([factory] * num_envs, backend, address) as envs:
         engine = RolloutEngine(policy, envs, RolloutConfig(execute_steps=execute_steps, record_frames=False))
         specs = [EpisodeSpec(envs.infos[0].task_id, i, seed=i) for i in range(episodes)]
         start = time.perf_counter()
-        trajectories = engine.run(specs, desc="engine")
+        trajectories = engine.run(specs, desc=f"engine x{num_envs} ({backend})")
         return time.perf_counter() - start, sum(t.length for t in trajectories)
+
+
+def bench_ray(preset_name: str = "small", workers: int = 2, episodes: int = 4, suite: str = "libero_90",
+              task: str = "0", max_steps: int = 64, execute_steps: int = 8, address: str | None = None,
+              seed: int = 0) -> dict:
+    """The engine on Ray actors: 1 worker vs `workers` workers, same episodes, in one run."""
+    policy = random_policy(preset_name, seed)
+    one_s, one_steps = _engine(policy, suite, task, episodes, max_steps, execute_steps, 1, "ray", address)
+    many_s, many_steps = _engine(policy, suite, task, episodes, max_steps, execute_steps, workers, "ray", address)
+    return {"backend": "ray", "preset": preset_name, "episodes": episodes, "max_steps": max_steps,
+            "execute_steps": execute_steps, "workers": workers, "one_worker_steps_per_s": one_steps / one_s,
+            "workers_steps_per_s": many_steps / many_s, "ratio": (many_steps / many_s) / (one_steps / one_s)}
 
 
 def bench_rollout(preset_name: str = "small", num_envs: int = 2, episodes: int = 4, suite: str = "libero_90",
@@ -82,15 +94,22 @@ def bench_rollout(preset_name: str = "small", num_envs: int = 2, episodes: int =
 
 
 def main(args) -> None:
-    result = bench_rollout(args.preset, args.envs, args.episodes, args.suite, args.task, args.max_steps,
-                           args.execute_steps)
-    print(f"| mode | env steps | seconds | steps/s |\n|---|---|---|---|\n"
-          f"| naive (1 env, 2 cameras every step, hard reset, no KV cache) | {result['naive_steps']} | "
-          f"{result['naive_s']:.1f} | {result['naive_steps_per_s']:.2f} |\n"
-          f"| engine ({result['envs']} envs, batched KV cache, render at queries) | {result['engine_steps']} | "
-          f"{result['engine_s']:.1f} | {result['engine_steps_per_s']:.2f} |\n"
-          f"ratio: {result['ratio']:.1f}x  (preset {result['preset']}, execute_steps {result['execute_steps']}, "
-          f"max_steps {result['max_steps']})")
+    if args.backend == "ray":
+        result = bench_ray(args.preset, args.workers, args.episodes, args.suite, args.task, args.max_steps,
+                           args.execute_steps, args.ray_address)
+        print(f"| Ray actors | env steps/s |\n|---|---|\n| 1 | {result['one_worker_steps_per_s']:.2f} |\n"
+              f"| {result['workers']} | {result['workers_steps_per_s']:.2f} |\nratio: {result['ratio']:.2f}x  "
+              f"(preset {result['preset']}, execute_steps {result['execute_steps']}, max_steps {result['max_steps']})")
+    else:
+        result = bench_rollout(args.preset, args.envs, args.episodes, args.suite, args.task, args.max_steps,
+                               args.execute_steps)
+        print(f"| mode | env steps | seconds | steps/s |\n|---|---|---|---|\n"
+              f"| naive (1 env, 2 cameras every step, hard reset, no KV cache) | {result['naive_steps']} | "
+              f"{result['naive_s']:.1f} | {result['naive_steps_per_s']:.2f} |\n"
+              f"| engine ({result['envs']} envs, batched KV cache, render at queries) | {result['engine_steps']} | "
+              f"{result['engine_s']:.1f} | {result['engine_steps_per_s']:.2f} |\n"
+              f"ratio: {result['ratio']:.1f}x  (preset {result['preset']}, execute_steps {result['execute_steps']}, "
+              f"max_steps {result['max_steps']})")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -39,6 +39,7 @@ def keep_mask(actions: np.ndarray, threshold: float = 1e-4) -> np.ndarray:
     return keep
 
 
+GRIPPER_CONVENTIONS = ("libero", "none")  # "none": actions are trained and executed as stored
 IMAGE_TRANSFORMS = {"minivla": lambda f: f[..., ::-1, :, :], "openvla": lambda f: f[..., ::-1, ::-1, :]}
 
 
@@ -50,6 +51,7 @@ class DemoEpisode:
     actions: np.ndarray  # (T, 7) training convention, no-ops dropped
     frames: np.ndarray  # indices into the stored frames, one per kept action
     image_convention: str  # how the stored frames are oriented ("opengl": raw, upside down)
+    gripper_convention: str = "libero"  # "libero": dim 6 is LIBERO's gripper, mapped to 1 = open / 0 = close
 
 
 def _instruction(handle, path: Path) -> str:
@@ -77,9 +79,10 @@ def open_hdf5(path: Path, what: str):
 
 
 def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None = "agentview_rgb",
-                  wrist_key: str | None = None) -> list[DemoEpisode]:
+                  wrist_key: str | None = None, max_demos_per_file: int | None = None) -> list[DemoEpisode]:
     """Every demo of every file (directories: their *.hdf5), validated: a problem names the file and
-    the demo. With `image_key=None` only the actions are needed (action-tokenizer training)."""
+    the demo. With `image_key=None` only the actions are needed (action-tokenizer training).
+    `max_demos_per_file` keeps the first N demos of each file (LIBERO: one file per task)."""
 
     files = []
     for path in map(Path, paths):
@@ -93,7 +96,10 @@ def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None =
                 raise ValueError(f"{path} has no 'data' group; expected the LIBERO layout data/demo_N")
             instruction = _instruction(handle, path)
             convention = handle["data"].attrs.get("macros_image_convention", "opengl")
-            demos = sorted((k for k in handle["data"] if _demo_order(k) >= 0), key=_demo_order)
+            gripper = handle["data"].attrs.get("gripper_convention", "libero")
+            if gripper not in GRIPPER_CONVENTIONS:
+                raise ValueError(f"{path}: gripper_convention {gripper!r} is unknown; expected one of {GRIPPER_CONVENTIONS}")
+            demos = sorted((k for k in handle["data"] if _demo_order(k) >= 0), key=_demo_order)[:max_demos_per_file]
             if not demos:
                 raise ValueError(f"{path} has no data/demo_N groups")
             for demo in demos:
@@ -102,8 +108,9 @@ def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None =
                     if key not in group:
                         raise ValueError(f"{path}: data/{demo} lacks '{key}'")
                 raw = np.asarray(group["actions"], dtype=np.float64)
-                if raw.ndim != 2 or raw.shape[1] != 7:
-                    raise ValueError(f"{path}: data/{demo}/actions has shape {raw.shape}; expected (T, 7)")
+                expected_dim = 7 if gripper == "libero" else raw.shape[-1]
+                if raw.ndim != 2 or raw.shape[1] != expected_dim:
+                    raise ValueError(f"{path}: data/{demo}/actions has shape {raw.shape}; expected (T, {expected_dim})")
                 if not np.all(np.isfinite(raw)):
                     raise ValueError(f"{path}: data/{demo}/actions contains NaN/inf")
                 if image_key and len(group[f"obs/{image_key}"]) != len(raw):
@@ -113,8 +120,9 @@ def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None =
                     raise ValueError(f"{path}: data/{demo} has {len(keep)} actions after no-op filtering, fewer than "
                                      f"one chunk ({chunk_len})")
                 actions = raw[keep]
-                actions[:, 6] = gripper_to_training(actions[:, 6])
-                episodes.append(DemoEpisode(path, demo, instruction, actions, keep, convention))
+                if gripper == "libero":
+                    actions[:, 6] = gripper_to_training(actions[:, 6])
+                episodes.append(DemoEpisode(path, demo, instruction, actions, keep, convention, gripper))
     return episodes
 
 

@@ -11,8 +11,6 @@ num_demos, total), one `data/demo_N` group per successful episode with `num_samp
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from robosuite.utils.transform_utils import quat2axisangle
 from tqdm import tqdm
 
 from envs.experts import expert_for
+from minivla_wmrl.atomic import atomic_file
 from envs.libero_env import LiberoEnv
 
 
@@ -56,46 +55,39 @@ def _write_task_file(path: Path, env: LiberoEnv, episodes: list[Episode]) -> Non
     import h5py
 
     bddl = Path(env.bddl_file)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            data = f.create_group("data")
-            data.attrs.update(
-                env_name=env.problem_name, problem_info=json.dumps({"problem_name": env.problem_name,
-                                                                    "language_instruction": env.instruction}),
-                macros_image_convention="opengl", bddl_file_name=str(bddl), bddl_file_content=bddl.read_text(),
-                env_args=json.dumps({"type": 1, "env_name": env.problem_name, "bddl_file": str(bddl),
-                                     "env_kwargs": {"camera_heights": env.resolution, "camera_widths": env.resolution,
-                                                    "camera_names": ["agentview", "robot0_eye_in_hand"],
-                                                    "control_freq": 20, "controller": "OSC_POSE"}}),
-                num_demos=len(episodes), total=sum(len(e.actions) for e in episodes))
-            for i, episode in enumerate(episodes):
-                demo = data.create_group(f"demo_{i}")
-                steps = len(episode.actions)
-                demo.attrs.update(num_samples=steps, model_file=env.sim.model.get_xml(),
-                                  init_state=episode.states[0])
-                low = {k: np.stack([s[k] for s in episode.low_dim]) for k in
-                       ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos", "robot0_joint_pos")}
-                axis_angle = np.stack([quat2axisangle(q) for q in low["robot0_eef_quat"]])
-                demo["actions"] = np.stack(episode.actions)
-                demo["states"] = np.stack(episode.states)
-                demo["robot_states"] = np.concatenate([low["robot0_gripper_qpos"], low["robot0_eef_pos"],
-                                                       low["robot0_eef_quat"]], axis=1)
-                rewards = np.zeros(steps)
-                rewards[-1] = 1
-                demo["rewards"], demo["dones"] = rewards, rewards.astype(np.uint8)
-                obs = demo.create_group("obs")
-                obs["agentview_rgb"] = np.stack(episode.agentview)
-                obs["eye_in_hand_rgb"] = np.stack(episode.wrist)
-                obs["gripper_states"] = low["robot0_gripper_qpos"]
-                obs["joint_states"] = low["robot0_joint_pos"]
-                obs["ee_pos"], obs["ee_ori"] = low["robot0_eef_pos"], axis_angle
-                obs["ee_states"] = np.concatenate([low["robot0_eef_pos"], axis_angle], axis=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
+        data = f.create_group("data")
+        data.attrs.update(
+            env_name=env.problem_name, problem_info=json.dumps({"problem_name": env.problem_name,
+                                                                "language_instruction": env.instruction}),
+            macros_image_convention="opengl", bddl_file_name=str(bddl), bddl_file_content=bddl.read_text(),
+            env_args=json.dumps({"type": 1, "env_name": env.problem_name, "bddl_file": str(bddl),
+                                 "env_kwargs": {"camera_heights": env.resolution, "camera_widths": env.resolution,
+                                                "camera_names": ["agentview", "robot0_eye_in_hand"],
+                                                "control_freq": 20, "controller": "OSC_POSE"}}),
+            num_demos=len(episodes), total=sum(len(e.actions) for e in episodes))
+        for i, episode in enumerate(episodes):
+            demo = data.create_group(f"demo_{i}")
+            steps = len(episode.actions)
+            demo.attrs.update(num_samples=steps, model_file=env.sim.model.get_xml(),
+                              init_state=episode.states[0])
+            low = {k: np.stack([s[k] for s in episode.low_dim]) for k in
+                   ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos", "robot0_joint_pos")}
+            axis_angle = np.stack([quat2axisangle(q) for q in low["robot0_eef_quat"]])
+            demo["actions"] = np.stack(episode.actions)
+            demo["states"] = np.stack(episode.states)
+            demo["robot_states"] = np.concatenate([low["robot0_gripper_qpos"], low["robot0_eef_pos"],
+                                                   low["robot0_eef_quat"]], axis=1)
+            rewards = np.zeros(steps)
+            rewards[-1] = 1
+            demo["rewards"], demo["dones"] = rewards, rewards.astype(np.uint8)
+            obs = demo.create_group("obs")
+            obs["agentview_rgb"] = np.stack(episode.agentview)
+            obs["eye_in_hand_rgb"] = np.stack(episode.wrist)
+            obs["gripper_states"] = low["robot0_gripper_qpos"]
+            obs["joint_states"] = low["robot0_joint_pos"]
+            obs["ee_pos"], obs["ee_ori"] = low["robot0_eef_pos"], axis_angle
+            obs["ee_states"] = np.concatenate([low["robot0_eef_pos"], axis_angle], axis=1)
 
 
 def generate_demos(suite: str, task: int | str, num: int, out: Path, init_states: list[int] | None = None,

@@ -8,8 +8,6 @@ attributes), written atomically.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -17,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from minivla_wmrl.atomic import atomic_file
 from minivla_wmrl.data.dataset import IMAGE_TRANSFORMS, open_hdf5, read_episodes
 
 
@@ -81,20 +80,12 @@ def save_trajectories(path: Path, trajectories: Sequence[LabelledTrajectory]) ->
     import h5py
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            group = f.create_group("trajectories")
-            for i, t in enumerate(trajectories):
-                item = group.create_group(str(i))
-                item.create_dataset("frames", data=t.frames, compression="gzip", compression_opts=1)
-                item.attrs.update(instruction=t.instruction, success=bool(t.success), source=t.source, task_id=t.task_id)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
+        group = f.create_group("trajectories")
+        for i, t in enumerate(trajectories):
+            item = group.create_group(str(i))
+            item.create_dataset("frames", data=t.frames, compression="gzip", compression_opts=1)
+            item.attrs.update(instruction=t.instruction, success=bool(t.success), source=t.source, task_id=t.task_id)
     return path
 
 

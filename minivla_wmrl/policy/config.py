@@ -31,6 +31,7 @@ class MiniVLAConfig:
     projector_mult: int = 4  # projector hidden width = mult × fused vision width
     num_action_tokens: int = 7  # one token per residual-VQ codebook
     codebook_size: int = 128
+    gripper_convention: str = "libero"  # "libero": the last action dim maps back to LIBERO's ±1 gripper; "none": as is
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "policy config") -> MiniVLAConfig:

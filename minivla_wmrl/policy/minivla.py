@@ -215,6 +215,10 @@ class MiniVLA(nn.Module):
         token_ids = torch.stack(tokens, dim=1)
         return self.decode_tokens(token_ids, torch.stack(log_probs, dim=1))
 
+    def forward(self, images, instructions: list[str], targets: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits of `targets` (what DistributedDataParallel calls during SFT)."""
+        return self.target_logits(images, instructions, targets)
+
     def target_logits(self, images, instructions: list[str], targets: torch.Tensor) -> torch.Tensor:
         """Logits (B, n, vocab) predicting each of n given target tokens after the prompt (teacher forcing)."""
         targets = torch.as_tensor(targets, device=self.device)
@@ -255,5 +259,6 @@ class MiniVLA(nn.Module):
         actions = None
         if self.statistics is not None:
             actions = self.statistics.unnormalize(normalized)
-            actions[..., -1] = gripper_to_env(actions[..., -1])
+            if self.config.gripper_convention == "libero":
+                actions[..., -1] = gripper_to_env(actions[..., -1])
         return ActionQuery(token_ids, log_probs, codes, normalized, actions)

@@ -18,7 +18,6 @@ score for all), `dense_calib` (WMRL: calibrated score; anchors per `anchor_rewar
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import time
@@ -32,7 +31,7 @@ from tqdm import tqdm
 from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.config import load_recipe
 from minivla_wmrl.data.trajectories import LabelledTrajectory, resize_frames, trajectory_frames
-from minivla_wmrl.init_states import TRAIN_SEED_BASE, check_disjoint, select_rl_init_states
+from minivla_wmrl.init_states import select_rl_init_states, vector_training_init_states
 from minivla_wmrl.policy.checkpoint import load_policy, write_policy
 from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
@@ -99,6 +98,9 @@ class GRPOEnv:
     train_init_states: int = 50  # size of each task's pool of generated RL training states
     rl_init_states: list[int] | None = None  # protocol (evaluation) indices instead; needs allow_eval_states
     allow_eval_states: bool = False
+    gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
+    backend: str = "local"  # rollout workers: "local" processes or "ray" actors (spread over a Ray cluster)
+    ray_address: str | None = None  # e.g. "auto" inside a Ray job; None starts a local Ray instance
 
 
 @dataclass
@@ -207,32 +209,21 @@ class GRPOTrainer:
         self.engine = RolloutEngine(self.policy, self.envs, RolloutConfig(g.execute_steps, g.temperature, g.seed))
 
     def _make_envs(self):
-        from envs.libero_env import LiberoEnv
-        from envs.vector_env import VectorEnv
+        from envs.factory import env_factory, env_pool
 
         e, cameras = self.recipe.env, ("agentview", "wrist")[:self.policy.config.num_images]
-        factories = [functools.partial(LiberoEnv, e.suite, task, cameras=cameras, image_convention=e.image_convention,
-                                       max_steps=self.recipe.grpo.max_real_steps)
-                     for task in e.tasks for _ in range(e.envs_per_task)]
-        return VectorEnv(factories)
+        return env_pool([env_factory(e.suite, task, cameras, e.image_convention, self.recipe.grpo.max_real_steps,
+                                     gym=e.gym) for task in e.tasks for _ in range(e.envs_per_task)],
+                        e.backend, e.ray_address)
 
     def _init_state_pools(self) -> dict[str, list]:
-        """Per task: generated RL training states (LIBERO: new placement draws, checked disjoint from
-        the evaluation states; seeded envs: seed indices far above the evaluation ones), or protocol
+        """Per task: generated RL training states (see `minivla_wmrl.init_states`), or protocol
         indices when the recipe lists them and allows it."""
         e, infos, pools = self.recipe.env, self.envs.infos, {}
         for task_id in self.task_ids:
             i = next(k for k, info in enumerate(infos) if info.task_id == task_id)
             chosen = select_rl_init_states(e.rl_init_states, infos[i].num_init_states, e.allow_eval_states, task_id)
-            if chosen is not None:
-                pools[task_id] = chosen
-            elif infos[i].num_init_states is None:
-                pools[task_id] = [TRAIN_SEED_BASE + k for k in range(e.train_init_states)]
-            else:
-                states = np.stack([self.envs.call("sample_init_state", TRAIN_SEED_BASE + k, envs=[i])[0]
-                                   for k in range(e.train_init_states)])
-                check_disjoint(states, self.envs.call("published_init_states", envs=[i])[0], task_id)
-                pools[task_id] = list(states)
+            pools[task_id] = chosen if chosen is not None else vector_training_init_states(self.envs, i, e.train_init_states)
         return pools
 
     # -- 1. rollouts ------------------------------------------------------------------------------------

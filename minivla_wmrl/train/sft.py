@@ -25,6 +25,7 @@ from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.config import load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import DemoDataset, collate, read_episodes
+from minivla_wmrl.distributed import init_distributed
 from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.policy import MiniVLA, preset
 from minivla_wmrl.policy.checkpoint import load_policy, write_policy
@@ -41,6 +42,7 @@ class DataConfig:
     image_convention: str = "minivla"  # must match the env setting used at evaluation
     chunk_len: int = 8
     dataset_name: str = "libero"  # key in dataset_statistics.json
+    max_demos_per_file: int | None = None  # e.g. 1: one demo per task (the WMRL paper's LIBERO-Long SFT)
 
 
 @dataclass
@@ -89,13 +91,15 @@ class SFTRecipe:
 
 
 class ResumableBatchSampler(Sampler):
-    """Batches of a fresh seeded permutation each epoch (last partial batch dropped), from any batch index."""
+    """Global batches of a fresh seeded permutation each epoch (last partial batch dropped), from any
+    batch index; under DDP each process yields its shard of every global batch."""
 
-    def __init__(self, size: int, batch_size: int, seed: int, start_batch: int = 0):
+    def __init__(self, size: int, batch_size: int, seed: int, start_batch: int = 0, shard=None):
         if size < batch_size:
             raise ValueError(f"{size} training samples are fewer than one batch of {batch_size}")
         self.size, self.batch_size, self.seed, self.start_batch = size, batch_size, seed, start_batch
         self.per_epoch = size // batch_size
+        self.shard = shard or (lambda batch: batch)  # under DDP: this process's share of each global batch
 
     def __iter__(self):
         batch = self.start_batch
@@ -103,7 +107,7 @@ class ResumableBatchSampler(Sampler):
             epoch, offset = divmod(batch, self.per_epoch)
             order = np.random.default_rng((self.seed, epoch)).permutation(self.size)
             for b in range(offset, self.per_epoch):
-                yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+                yield self.shard(order[b * self.batch_size:(b + 1) * self.batch_size].tolist())
             batch = (epoch + 1) * self.per_epoch
 
     def __len__(self) -> int:
@@ -125,11 +129,19 @@ def _tokenizer(spec: str):
     return tokenizer
 
 
-def step_metrics(policy: MiniVLA, batch: dict, autocast) -> tuple[torch.Tensor, dict]:
-    """Cross entropy on action + end tokens, action-token accuracy, L1 of the decoded first action."""
+def gripper_convention(episodes) -> str:
+    conventions = {e.gripper_convention for e in episodes}
+    if len(conventions) != 1:
+        raise ValueError(f"the demonstrations mix gripper conventions {sorted(conventions)}; train on one kind")
+    return conventions.pop()
+
+
+def step_metrics(policy: MiniVLA, batch: dict, autocast, model: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict]:
+    """Cross entropy on action + end tokens, action-token accuracy, L1 of the decoded first action.
+    `model` is the policy or its DistributedDataParallel wrapper."""
     targets = policy.sft_targets(batch["chunk"])
     with autocast():
-        logits = policy.target_logits(batch["image"], batch["instruction"], targets)
+        logits = (model or policy)(batch["image"], batch["instruction"], targets)
     loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
     n = policy.config.num_action_tokens
     predicted = logits[:, :n].argmax(-1)
@@ -140,15 +152,22 @@ def step_metrics(policy: MiniVLA, batch: dict, autocast) -> tuple[torch.Tensor, 
 
 
 def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
+    """Train; under `torchrun` every process trains its shard of each global batch (`sft.batch_size`)
+    with DDP-averaged gradients, and only rank 0 writes logs and checkpoints."""
     c, out = recipe.sft, Path(recipe.out)
+    dist = init_distributed(recipe.policy.device)
+    recipe.policy.device = dist.device(recipe.policy.device)
+    progress = progress and dist.is_main
     random.seed(c.seed), np.random.seed(c.seed), torch.manual_seed(c.seed)
-    episodes = read_episodes(recipe.data.paths, recipe.data.chunk_len, recipe.data.image_key, recipe.data.wrist_key)
+    episodes = read_episodes(recipe.data.paths, recipe.data.chunk_len, recipe.data.image_key, recipe.data.wrist_key,
+                             recipe.data.max_demos_per_file)
     train_ids, val_ids = split_episodes(len(episodes), recipe.data.val_fraction, c.seed)
     statistics = ActionStatistics.from_actions(np.concatenate([episodes[i].actions for i in train_ids]),
                                                num_trajectories=len(train_ids))
     resume_from = latest_checkpoint(out) if recipe.resume else None
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2))
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2))
 
     device = torch.device(recipe.policy.device)
     dtype = torch.bfloat16 if recipe.policy.dtype == "bfloat16" else torch.float32
@@ -167,9 +186,11 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
 
             action_tokenizer, _ = train_action_tokenizer(
                 chunks(train_ids), chunks(val_ids) if len(val_ids) else None,
-                ActionTokenizerConfig(chunk_len=recipe.data.chunk_len), recipe.vq.train, progress=progress)
-        policy = MiniVLA(preset(recipe.policy.preset), _tokenizer(recipe.policy.tokenizer), action_tokenizer,
-                         statistics).to(device)
+                ActionTokenizerConfig(chunk_len=recipe.data.chunk_len, action_dim=episodes[0].actions.shape[1]),
+                recipe.vq.train, progress=progress)
+        config = preset(recipe.policy.preset)
+        config.gripper_convention = gripper_convention(episodes)
+        policy = MiniVLA(config, _tokenizer(recipe.policy.tokenizer), action_tokenizer, statistics).to(device)
     setup = recipe.policy
     policy.configure_training(setup.lora, setup.lora_r, setup.lora_alpha, setup.freeze_vision)
     policy.train()
@@ -190,7 +211,7 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
 
     train_set = dataset(train_ids)
     loader = DataLoader(train_set, batch_sampler=ResumableBatchSampler(len(train_set), c.batch_size, c.seed,
-                                                                      start_step * c.grad_accum),
+                                                                      start_step * c.grad_accum, dist.shard),
                         collate_fn=collate, num_workers=c.num_workers)
     val_set = dataset(val_ids) if len(val_ids) else None
     use_bf16 = dtype == torch.bfloat16 and device.type == "cuda"
@@ -207,27 +228,34 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
             torch.save({"optimizer": optimizer.state_dict(), "step": step, "torch_rng": torch.get_rng_state(),
                         "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}, tmp / "training_state.pt")
 
-    with MetricsLog(out, "sft", start_step) as log:
+    model = dist.wrap(policy)
+    log = MetricsLog(out, "sft", start_step) if dist.is_main else None
+    try:
         for step in tqdm(range(start_step + 1, c.steps + 1), desc="sft", disable=not progress,
                          initial=start_step, total=c.steps):
             totals = {}
             for _ in range(c.grad_accum):
-                loss, metrics = step_metrics(policy, next(batches), autocast)
+                loss, metrics = step_metrics(policy, next(batches), autocast, model)
                 (loss / c.grad_accum).backward()
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v / c.grad_accum
             grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            record = {"step": step, **totals, "grad_norm": float(grad_norm), "lr": c.lr}
-            if val_set is not None and (step % c.eval_every == 0 or step == c.steps):
+            record = {"step": step, **dist.mean(totals), "grad_norm": float(grad_norm), "lr": c.lr}
+            if dist.is_main and val_set is not None and (step % c.eval_every == 0 or step == c.steps):
                 record.update(validate(policy, val_set, c, autocast))
-            if step % c.log_every == 0 or step == c.steps or "val_loss" in record:
+            if log is not None and (step % c.log_every == 0 or step == c.steps or "val_loss" in record):
                 log.write(record)
             history.append(record)
             last = record
             if step % c.save_every == 0 or step == c.steps:
-                save(step)
+                if dist.is_main:
+                    save(step)
+                dist.barrier()
+    finally:
+        if log is not None:
+            log.close()
     return {"history": history, "last": last, "checkpoint": str(latest_checkpoint(out))}
 
 

@@ -76,18 +76,18 @@ def train_action_tokenizer(train_chunks: np.ndarray, val_chunks: np.ndarray | No
     return tokenizer, history
 
 
-def main(args) -> None:
-    episodes = [e.actions for e in read_episodes(args.data, args.chunk_len, image_key=None)]
-    config = ActionTokenizerConfig(chunk_len=args.chunk_len, action_dim=episodes[0].shape[1])
-    train_config = VQTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                                 val_fraction=args.val_fraction, device=args.device)
+def run_vq(paths: list[str], out: Path, train_config: VQTrainConfig, chunk_len: int = 8,
+           dataset_name: str = "libero") -> dict:
+    """Train the action tokenizer on demo files; write `action_tokenizer/`, statistics and metrics into `out`."""
+    episodes = [e.actions for e in read_episodes(paths, chunk_len, image_key=None)]
+    config = ActionTokenizerConfig(chunk_len=chunk_len, action_dim=episodes[0].shape[1])
     train_ids, val_ids = split_episodes(len(episodes), train_config.val_fraction, train_config.seed)
     stats = ActionStatistics.from_actions(np.concatenate([episodes[i] for i in train_ids]), num_trajectories=len(train_ids))
 
     def chunks(ids):
         return np.concatenate([episode_chunks(stats.normalize(episodes[i]), config.chunk_len) for i in ids]) if len(ids) else None
 
-    out = Path(args.out)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "vq_metrics.jsonl", "w") as metrics:
         def log(record):
@@ -96,10 +96,18 @@ def main(args) -> None:
 
         tokenizer, history = train_action_tokenizer(chunks(train_ids), chunks(val_ids), config, train_config, log)
     tokenizer.save(out / "action_tokenizer")
-    write_statistics(out / "dataset_statistics.json", {args.dataset_name: stats})
+    write_statistics(out / "dataset_statistics.json", {dataset_name: stats})
     (out / "vq_train_config.json").write_text(json.dumps(asdict(train_config), indent=2))
-    first, last = history[0], history[-1]
-    print(f"episodes: {len(train_ids)} train, {len(val_ids)} held out; steps: {train_config.steps}")
+    return {"train": len(train_ids), "held_out": len(val_ids), "first": history[0], "last": history[-1],
+            "action_tokenizer": str(out / "action_tokenizer")}
+
+
+def main(args) -> None:
+    train_config = VQTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                                 val_fraction=args.val_fraction, device=args.device)
+    result = run_vq(args.data, Path(args.out), train_config, args.chunk_len, args.dataset_name)
+    first, last = result["first"], result["last"]
+    print(f"episodes: {result['train']} train, {result['held_out']} held out; steps: {train_config.steps}")
     if "val_l1" in last:
         print(f"held-out reconstruction L1 (normalised): {first['val_l1']:.4f} -> {last['val_l1']:.4f}")
-    print(f"wrote {out / 'action_tokenizer'} and {out / 'dataset_statistics.json'}")
+    print(f"wrote {result['action_tokenizer']} and {Path(args.out) / 'dataset_statistics.json'}")

@@ -56,6 +56,7 @@ class WMData:
     rollouts: list[str] = field(default_factory=list)  # trajectory files (save_trajectories) labelled by the simulator
     stride: int = 8  # demo frames kept every `stride` steps (the rollouts' query interval at execute_steps 8)
     image_convention: str = "minivla"
+    image_key: str = "agentview_rgb"  # the demos' camera (gym demos: image_rgb)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class WMCollect:
     execute_steps: int = 8
     max_steps: int | None = None  # None: the suite's protocol cap
     envs: int = 2
+    gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
 
 
 @dataclass
@@ -184,22 +186,20 @@ class WorldModelTrainer:
 
 def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
     """Run a policy on RL training init states of each task and save the real-labelled trajectories."""
-    import functools
-
-    from envs.libero_env import LiberoEnv
+    from envs.factory import env_factory
     from envs.vector_env import VectorEnv
-    from minivla_wmrl.init_states import TRAIN_SEED_BASE
+    from minivla_wmrl.init_states import vector_training_init_states
     from minivla_wmrl.policy.checkpoint import load_policy
     from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 
     policy = load_policy(Path(collect.checkpoint))
+    cameras = ("agentview", "wrist")[:policy.config.num_images]
     labelled = []
     for task in collect.tasks:
-        factory = functools.partial(LiberoEnv, collect.suite, task, max_steps=collect.max_steps)
+        factory = env_factory(collect.suite, task, cameras, max_steps=collect.max_steps, gym=collect.gym)
         with VectorEnv([factory] * collect.envs) as envs:
-            task_id = envs.infos[0].task_id
-            specs = [EpisodeSpec(task_id, envs.call("sample_init_state", TRAIN_SEED_BASE + k)[0], seed=k)
-                     for k in range(collect.episodes_per_task)]
+            states = vector_training_init_states(envs, 0, collect.episodes_per_task)
+            specs = [EpisodeSpec(envs.infos[0].task_id, state, seed=k) for k, state in enumerate(states)]
             engine = RolloutEngine(policy, envs, RolloutConfig(collect.execute_steps, collect.temperature))
             labelled += rollout_trajectories(engine.run(specs, desc=f"collect {collect.suite}/{task}"), size)
     return save_trajectories(out, labelled)
@@ -217,7 +217,8 @@ def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
         if not collected.exists():
             collect_rollouts(recipe.collect, size, collected)
         rollout_files.append(str(collected))
-    trajectories = (demo_trajectories(recipe.data.demos, size, recipe.data.stride, recipe.data.image_convention)
+    trajectories = (demo_trajectories(recipe.data.demos, size, recipe.data.stride, recipe.data.image_convention,
+                                       recipe.data.image_key)
                     if recipe.data.demos else []) + load_trajectories(rollout_files, size)
     if not trajectories:
         raise ValueError(f"{recipe.out}: no training data; set data.demos, data.rollouts or collect.checkpoint")

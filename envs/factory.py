@@ -1,0 +1,40 @@
+"""Env factories from recipe settings (a LIBERO suite, or `suite: gym` with gymnasium env ids as
+tasks), and the pool that runs them (`backend: local | ray`).
+
+Factories are picklable zero-argument callables, called inside the workers or Ray actors.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from envs.gym_env import GymRobotEnv
+from envs.libero_env import LiberoEnv
+
+GYM = "gym"
+
+
+def env_factory(suite: str, task: str | int, cameras=("agentview",), image_convention: str = "minivla",
+                max_steps: int | None = None, seed: int = 0, gym: dict | None = None):
+    """LIBERO: `LiberoEnv(suite, task, ...)`. Gym: `GymRobotEnv(task, **gym)` (gym holds its
+    `instruction`, and optionally `resolution`, `image_key`, `proprio_keys`, `make_kwargs`)."""
+    if suite == GYM:
+        options = dict(gym or {})
+        if "instruction" not in options:
+            raise ValueError(f"gym env {task!r} needs gym.instruction (gymnasium envs have no language instruction)")
+        return functools.partial(GymRobotEnv, str(task), max_steps=max_steps, seed=seed, **options)
+    return functools.partial(LiberoEnv, suite, task, cameras=tuple(cameras), image_convention=image_convention,
+                             max_steps=max_steps, seed=seed)
+
+
+def env_pool(factories, backend: str = "local", address: str | None = None):
+    """The pool that runs the envs: `local` worker processes (`VectorEnv`) or Ray actors (`RayVectorEnv`)."""
+    if backend == "local":
+        from envs.vector_env import VectorEnv
+
+        return VectorEnv(factories)
+    if backend == "ray":
+        from envs.ray_env import RayVectorEnv
+
+        return RayVectorEnv(factories, address=address)
+    raise ValueError(f"unknown rollout backend {backend!r}; expected 'local' or 'ray'")

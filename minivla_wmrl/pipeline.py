@@ -1,0 +1,293 @@
+"""`minivla-wmrl run RECIPE [--stage S] [--dry-run]`: one recipe, the whole pipeline, one run directory.
+
+Stages, in order: demos (optional: scripted demonstrations) → vq (action tokenizer; skipped when
+the released VQ is given) → sft → wm (world model) → grpo → eval (the SFT and the GRPO
+checkpoints, the suite's protocol). Each stage's section is that command's own recipe; the
+pipeline fills in what connects them (data paths, the action tokenizer, checkpoints, the world
+model) and writes everything under `out/`: `demos/ vq/ sft/ wm/ grpo/ eval/ plots/`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from envs.factory import GYM
+from minivla_wmrl.config import load_recipe
+from minivla_wmrl.train.grpo import GRPORecipe
+from minivla_wmrl.train.sft import SFTRecipe
+from minivla_wmrl.train.vq import VQTrainConfig
+from minivla_wmrl.train.wm import WMRecipe
+
+STAGES = ("demos", "vq", "sft", "wm", "grpo", "eval")
+WHERE = {
+    "data": "LIBERO demonstrations (hdf5): LIBERO's download script or huggingface.co/datasets/yifengzhu-hf/LIBERO-datasets",
+    "minivla_run_dir": "the Prismatic MiniVLA run directory, e.g. huggingface.co/Stanford-ILIAD/minivla-vq-libero90-prismatic",
+    "vq_dir": "the released MiniVLA VQ folder (config.json + checkpoints/model.pt): huggingface.co/Stanford-ILIAD/pretrain_vq",
+    "qwen_dir": "a local Qwen2.5-0.5B tokenizer directory: huggingface.co/Qwen/Qwen2.5-0.5B",
+}
+
+
+@dataclass
+class Weights:
+    """User-provided weights; all null trains from scratch (the small presets of the CPU demo)."""
+
+    minivla_run_dir: str | None = None
+    vq_dir: str | None = None
+    qwen_dir: str | None = None
+    unnorm_key: str | None = None  # which dataset_statistics.json entry (e.g. libero_90)
+
+
+@dataclass
+class DemosStage:
+    generate: bool = False  # record scripted demos (envs/experts.py) instead of reading `data`
+    tasks: list[str] = field(default_factory=lambda: ["0"])
+    num: int = 20
+    max_episodes: int = 20
+    resolution: int = 128
+
+
+@dataclass
+class VQStage:
+    train: VQTrainConfig = field(default_factory=VQTrainConfig)
+
+
+@dataclass
+class EvalStage:
+    trials: int = 50
+    first_trial: int = 0
+    envs: int = 2
+    execute_steps: int = 1
+    max_steps: int | None = None
+    videos: str = "all"
+    videos_per_task: int | None = None
+    checkpoints: list[str] = field(default_factory=lambda: ["sft", "grpo"])  # which stages' checkpoints to evaluate
+
+
+@dataclass
+class PipelineRecipe:
+    out: str = "runs/pipeline"
+    suite: str = "libero_90"  # a LIBERO suite, or "gym" (tasks are then gymnasium env ids)
+    tasks: list[str] = field(default_factory=lambda: ["0"])  # RL and evaluation tasks; ["all"]: the whole suite
+    gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
+    data: list[str] = field(default_factory=list)  # demonstration files or directories
+    weights: Weights = field(default_factory=Weights)
+    demos: DemosStage = field(default_factory=DemosStage)
+    vq: VQStage = field(default_factory=VQStage)
+    sft: SFTRecipe = field(default_factory=SFTRecipe)
+    wm: WMRecipe = field(default_factory=WMRecipe)
+    grpo: GRPORecipe = field(default_factory=GRPORecipe)
+    eval: EvalStage = field(default_factory=EvalStage)
+
+
+class Pipeline:
+    def __init__(self, recipe: PipelineRecipe):
+        self.r, self.out = recipe, Path(recipe.out)
+        self.connect()
+
+    # -- wiring -------------------------------------------------------------------------------------
+
+    @property
+    def data(self) -> list[str]:
+        return [str(self.out / "demos")] if self.r.demos.generate else list(self.r.data)
+
+    def connect(self) -> None:
+        """Fill each stage's recipe with the outputs of the stages before it."""
+        r, out, w = self.r, self.out, self.r.weights
+        if r.tasks == ["all"] and r.suite != GYM:
+            from envs.libero_env import get_suite
+
+            r.tasks = [str(i) for i in range(get_suite(r.suite).n_tasks)]
+        r.sft.out, r.sft.data.paths = str(out / "sft"), self.data
+        r.sft.vq.path = w.vq_dir or str(out / "vq" / "action_tokenizer")
+        if w.qwen_dir:
+            r.sft.policy.tokenizer = w.qwen_dir
+        if w.minivla_run_dir:
+            r.sft.policy.init_checkpoint = str(out / "pretrained")
+        r.wm.out, r.wm.data.demos = str(out / "wm"), self.data
+        if r.wm.collect.episodes_per_task > 0:
+            r.wm.collect.checkpoint = str(out / "sft" / "final")
+            r.wm.collect.suite, r.wm.collect.tasks, r.wm.collect.gym = r.suite, list(r.tasks), dict(r.gym)
+        r.grpo.out, r.grpo.policy.checkpoint = str(out / "grpo"), str(out / "sft" / "final")
+        r.grpo.env.suite, r.grpo.env.tasks, r.grpo.env.gym = r.suite, list(r.tasks), dict(r.gym)
+        if r.grpo.world_model.name == "progress" and not r.grpo.world_model.options:
+            r.grpo.world_model.options = {"path": str(out / "wm" / "world_model")}
+
+    def required_inputs(self) -> list[tuple[str, str | None, bool]]:
+        """(name, path, exists) of every user-provided input the recipe names or needs."""
+        w, items = self.r.weights, []
+        if not self.r.demos.generate:
+            items += [("data", p, Path(p).exists()) for p in self.r.data] or [("data", None, False)]
+        for name in ("minivla_run_dir", "vq_dir", "qwen_dir"):
+            if getattr(w, name):
+                items.append((name, getattr(w, name), Path(getattr(w, name)).exists()))
+        if w.minivla_run_dir and not w.vq_dir:
+            items.append(("vq_dir", None, False))
+        if w.minivla_run_dir and not w.qwen_dir:
+            items.append(("qwen_dir", None, False))
+        return items
+
+    def check_inputs(self) -> None:
+        missing = [(name, path) for name, path, exists in self.required_inputs() if not exists]
+        if missing:
+            lines = [f"  {name}: {path or '(not set)'} — {WHERE[name]}" for name, path in missing]
+            raise FileNotFoundError("the recipe needs these user-provided inputs:\n" + "\n".join(lines))
+
+    # -- stages ---------------------------------------------------------------------------------------
+
+    def run(self, stages=STAGES) -> dict:
+        self.check_inputs()
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "pipeline_recipe.json").write_text(json.dumps(asdict(self.r), indent=2, default=str))
+        results, times_path = {}, self.out / "stage_times.json"
+        times = json.loads(times_path.read_text()) if times_path.exists() else {}
+        for stage in stages:
+            if stage == "vq" and self.r.weights.vq_dir:
+                continue
+            if stage == "demos" and not self.r.demos.generate:
+                continue
+            print(f"== stage {stage}", flush=True)
+            start = time.perf_counter()
+            results[stage] = getattr(self, f"stage_{stage}")()
+            times[stage] = round(time.perf_counter() - start, 1)
+            times_path.write_text(json.dumps(times, indent=2))
+        print("wall time per stage (s): " + ", ".join(f"{k} {v}" for k, v in times.items()))
+        return results
+
+    def stage_demos(self) -> list[dict]:
+        from minivla_wmrl.data.demos import generate_demos
+
+        d, states = self.r.demos, list(range(self.r.demos.max_episodes))
+        if self.r.suite == GYM:
+            from minivla_wmrl.data.gym_demos import generate_gym_demos
+
+            reports = [generate_gym_demos(task, self.r.gym["instruction"], d.num, self.out / "demos", states,
+                                          self.r.gym.get("resolution", 224)) for task in d.tasks]
+        else:
+            reports = [generate_demos(self.r.suite, task, d.num, self.out / "demos", states, d.resolution)
+                       for task in d.tasks]
+        (self.out / "demos" / "demos_report.json").write_text(json.dumps(reports, indent=2))
+        return reports
+
+    def stage_vq(self) -> dict:
+        from minivla_wmrl.train.vq import run_vq
+
+        return run_vq(self.data, self.out / "vq", self.r.vq.train, self.r.sft.data.chunk_len,
+                      self.r.sft.data.dataset_name)
+
+    def stage_sft(self) -> dict:
+        from minivla_wmrl.atomic import atomic_directory
+        from minivla_wmrl.policy.checkpoint import import_prismatic, save_policy
+        from minivla_wmrl.train.sft import train_sft
+
+        w = self.r.weights
+        if w.minivla_run_dir and not (self.out / "pretrained").exists():
+            save_policy(import_prismatic(Path(w.minivla_run_dir), Path(w.vq_dir), Path(w.qwen_dir), self.r.sft.policy.preset,
+                                         w.unnorm_key), self.out / "pretrained")
+        result = train_sft(self.r.sft)
+        import shutil
+
+        with atomic_directory(self.out / "sft" / "final") as tmp:  # the checkpoint later stages start from
+            shutil.copytree(result["checkpoint"], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("training_state.pt"))
+        return {k: v for k, v in result.items() if k != "history"}
+
+    def stage_wm(self) -> dict:
+        from minivla_wmrl.train.wm import train_world_model
+
+        result = train_world_model(self.r.wm)
+        return {k: v for k, v in result.items() if k not in ("model", "trainer")}
+
+    def stage_grpo(self) -> dict:
+        from minivla_wmrl.plots import plot_calibration
+        from minivla_wmrl.train.grpo import train_grpo
+
+        result = train_grpo(self.r.grpo)
+        plot_calibration(result["trainer"].debiaser, self.out / "plots" / "wm_calibration.png")
+        return {"checkpoint": result["checkpoint"], "last": result["history"][-1] if result["history"] else {}}
+
+    def stage_eval(self) -> dict:
+        from minivla_wmrl.evaluate import EvalConfig, evaluate
+        from minivla_wmrl.plots import plot_training_curves
+        from minivla_wmrl.run_log import latest_checkpoint
+
+        e, infos = self.r.eval, {}
+        for name in e.checkpoints:
+            checkpoint = self.out / "sft" / "final" if name == "sft" else latest_checkpoint(self.out / name)
+            if checkpoint is None or not Path(checkpoint).exists():
+                raise FileNotFoundError(f"no {name} checkpoint under {self.out / name}; run --stage {name} first")
+            infos[name] = evaluate(EvalConfig(
+                checkpoint=str(checkpoint), suite=self.r.suite, out=str(self.out / "eval" / name), tasks=list(self.r.tasks),
+                trials=e.trials, first_trial=e.first_trial, envs=e.envs, execute_steps=e.execute_steps,
+                max_steps=e.max_steps, image_convention=self.r.sft.data.image_convention, videos=e.videos,
+                videos_per_task=e.videos_per_task, device=self.r.sft.policy.device, gym=dict(self.r.gym)))
+        plot_training_curves(self.out, self.out / "plots" / "training_curves.png")
+        table = success_table(infos)
+        (self.out / "eval" / "success_table.md").write_text(table)
+        print(table)
+        return infos
+
+
+def success_table(infos: dict[str, dict]) -> str:
+    names = list(infos)
+    first = next(iter(infos.values()))
+    lines = ["| task | instruction | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for k, task in enumerate(first["per_task"]):
+        cells = [f"{infos[n]['per_task'][k]['successes']}/{infos[n]['per_task'][k]['trials']}" for n in names]
+        lines.append(f"| {task['task']} | {task['instruction']} | " + " | ".join(cells) + " |")
+    overall = [f"{100 * (infos[n]['overall']['success_rate'] or 0):.1f}%" for n in names]
+    lines.append("| all | | " + " | ".join(overall) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def dry_run(recipe: PipelineRecipe) -> dict:
+    """Validate the recipe and build every component on the meta device; report the user inputs."""
+    import torch
+
+    from envs.libero_env import get_suite, resolve_task
+    from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+    from minivla_wmrl.policy.config import preset
+    from minivla_wmrl.policy.info import parameter_counts
+    from minivla_wmrl.train.grpo import validate
+    from world_models.progress_model import ProgressWorldModel
+
+    pipeline = Pipeline(recipe)
+    if recipe.suite == GYM:
+        import gymnasium
+
+        from envs.gym_env import register_known_packages
+
+        register_known_packages()
+        unknown = [t for t in recipe.tasks if t not in gymnasium.registry]
+        if unknown or "instruction" not in recipe.gym:
+            raise ValueError(f"gym recipe: unknown env id(s) {unknown}" if unknown else "gym recipe needs gym.instruction")
+        tasks = list(recipe.tasks)
+    else:
+        bench = get_suite(recipe.suite)
+        tasks = [resolve_task(bench, t) for t in recipe.tasks]
+    validate(recipe.grpo)
+    counts = parameter_counts(preset(recipe.sft.policy.preset))
+    with torch.device("meta"):
+        tokenizer = ActionTokenizer(ActionTokenizerConfig(chunk_len=recipe.sft.data.chunk_len))
+        world_model = ProgressWorldModel(recipe.wm.model)
+    return {"suite": recipe.suite, "tasks": tasks, "policy_parameters": counts["total"],
+            "action_tokenizer_parameters": sum(p.numel() for p in tokenizer.parameters()),
+            "world_model_parameters": sum(p.numel() for p in world_model.parameters()),
+            "inputs": [{"name": n, "path": p, "exists": e, "where": WHERE[n]} for n, p, e in pipeline.required_inputs()]}
+
+
+def main(args) -> None:
+    recipe = load_recipe(PipelineRecipe, Path(args.recipe), args.overrides)
+    if args.dry_run:
+        report = dry_run(recipe)
+        print(f"{args.recipe}: valid. {report['suite']}, {len(report['tasks'])} task(s); policy "
+              f"{report['policy_parameters'] / 1e6:.1f} M, action tokenizer {report['action_tokenizer_parameters'] / 1e6:.2f} M, "
+              f"world model {report['world_model_parameters'] / 1e6:.2f} M parameters (built on meta)")
+        for item in report["inputs"]:
+            state = "ok" if item["exists"] else "MISSING"
+            print(f"  {state:7s} {item['name']}: {item['path'] or '(not set)'} — {item['where']}")
+        return
+    stages = STAGES if args.stage is None else (args.stage,)
+    Pipeline(recipe).run(stages)
+    print(f"run directory: {recipe.out}")

@@ -1,0 +1,63 @@
+"""Run plots: training curves of every stage, and world-model score vs real success around calibration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+CURVES = {"sft": ("loss", "action_accuracy"), "wm": ("loss", "val_success_auroc"),
+          "grpo": ("success_rate", "reward_mean_anchor")}
+
+
+def _figure(rows: int, cols: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt, *plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+
+
+def plot_training_curves(run_dir: Path, path: Path) -> Path:
+    """One column per stage that logged metrics (sft, wm, grpo), two metrics each."""
+    stages = [s for s in CURVES if (Path(run_dir) / s / "metrics.jsonl").exists()]
+    plt, figure, axes = _figure(2, max(len(stages), 1))
+    for col, stage in enumerate(stages):
+        records = [json.loads(line) for line in (Path(run_dir) / stage / "metrics.jsonl").read_text().splitlines()]
+        for row, key in enumerate(CURVES[stage]):
+            points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None and np.isfinite(r[key])]
+            ax = axes[row][col]
+            if points:
+                ax.plot(*zip(*points), marker="." if len(points) < 30 else None)
+            ax.set_title(f"{stage}: {key}")
+            ax.set_xlabel("step")
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return Path(path)
+
+
+def plot_calibration(debiaser, path: Path, bins: int = 10) -> Path:
+    """Mean real success per score bin for the anchors' raw and calibrated world-model scores."""
+    plt, figure, axes = _figure(1, 2)
+    pairs = np.array(debiaser.pairs) if len(debiaser.pairs) else np.zeros((0, 2))
+    for ax, (title, scores) in zip(axes[0], (("raw world-model score", pairs[:, 0]),
+                                             ("calibrated score", debiaser(pairs[:, 0])))):
+        if len(scores):
+            edges = np.linspace(min(scores.min(), 0), max(scores.max(), 1), bins + 1)
+            index = np.clip(np.digitize(scores, edges) - 1, 0, bins - 1)
+            means = [(scores[index == b].mean(), pairs[index == b, 1].mean()) for b in range(bins) if (index == b).any()]
+            ax.plot(*zip(*means), marker="o", label="real success rate")
+            ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+            ax.legend(fontsize=7)
+        ax.set_title(f"{title} ({len(scores)} anchors)")
+        ax.set_xlabel("score")
+        ax.set_ylabel("real success")
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return Path(path)
