@@ -55,7 +55,8 @@ class Distributed:
         if not self.enabled:
             return module
         device_ids = [module_device(module).index] if module_device(module).type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
+        # MiniVLA reads the ViTs' second-to-last block: their last block, norms and heads get no gradient
+        return torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids, find_unused_parameters=True)
 
 
 def module_device(module: torch.nn.Module) -> torch.device:

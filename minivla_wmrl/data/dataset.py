@@ -27,15 +27,16 @@ def _demo_order(name: str) -> int:
 
 
 def keep_mask(actions: np.ndarray, threshold: float = 1e-4) -> np.ndarray:
-    """LIBERO's "no-noops" rule as a mask: drop an action whose first six dims have norm < threshold
-    and whose gripper equals the previous kept action's (those steps teach a policy to stand still)."""
+    """LIBERO's "no-noops" rule as a mask: drop an action whose arm dims (all but the last; LIBERO's
+    first six) have norm < threshold and whose gripper (the last dim) equals the previous kept
+    action's (those steps teach a policy to stand still)."""
     keep = np.ones(len(actions), bool)
     previous_gripper = None
     for i, action in enumerate(actions):
-        if np.linalg.norm(action[:6]) < threshold and previous_gripper is not None and action[6] == previous_gripper:
+        if np.linalg.norm(action[:-1]) < threshold and previous_gripper is not None and action[-1] == previous_gripper:
             keep[i] = False
         else:
-            previous_gripper = action[6]
+            previous_gripper = action[-1]
     return keep
 
 
