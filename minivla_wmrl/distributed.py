@@ -44,6 +44,24 @@ class Distributed:
         dist.all_reduce(tensor)
         return {k: v / self.world_size for k, v in zip(keys, tensor.tolist())}
 
+    def gather(self, obj) -> list:
+        """Every process's `obj`, in rank order (one-element list when not distributed)."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def sum_gradients(self, parameters, scale: float = 1.0) -> None:
+        """Sum each parameter's gradient over processes, times `scale` (a missing gradient counts as zero)."""
+        if not self.enabled:
+            return
+        for p in parameters:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+            p.grad.mul_(scale)
+
     def shard(self, global_batch: list[int]) -> list[int]:
         """This process's share of a global batch (equal shares; the batch size must divide)."""
         if len(global_batch) % self.world_size:

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.config import load_recipe
+from minivla_wmrl.distributed import init_distributed
 from minivla_wmrl.data.trajectories import LabelledTrajectory, resize_frames, trajectory_frames
 from minivla_wmrl.init_states import select_rl_init_states, vector_training_init_states
 from minivla_wmrl.policy.checkpoint import load_policy, write_policy
@@ -165,15 +166,24 @@ def validate(recipe: GRPORecipe) -> None:
 
 @dataclass
 class StepBatch:
-    """The rollouts of one step with their groups, anchors and labels."""
+    """The rollouts of one step (across all processes) with their groups, anchors and labels.
 
-    trajectories: list[Trajectory]
+    Under torchrun each process runs a share of the rollouts: `trajectories[k]` is None for
+    rollouts another process holds; the arrays cover every rollout.
+    """
+
+    trajectories: list[Trajectory | None]
     groups: np.ndarray  # group id per rollout
     outcomes: np.ndarray  # real success (0/1)
     anchors: np.ndarray  # bool
     valid: np.ndarray  # False: an infrastructure failure (left out of everything)
+    num_queries: np.ndarray
+    instructions: list[str]
     resampled_groups: int = 0
     skipped_groups: int = 0
+
+    def local(self) -> list[int]:
+        return [k for k, t in enumerate(self.trajectories) if t is not None]
 
 
 class GRPOTrainer:
@@ -181,8 +191,11 @@ class GRPOTrainer:
 
     def __init__(self, recipe: GRPORecipe, envs=None, progress: bool = True):
         validate(recipe)
-        self.recipe, self.progress, self.out = recipe, progress, Path(recipe.out)
+        self.recipe, self.out = recipe, Path(recipe.out)
         g, p = recipe.grpo, recipe.policy
+        self.dist = init_distributed(p.device)
+        p.device = self.dist.device(p.device)
+        self.progress = progress and self.dist.is_main
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p.dtype]
         self.policy = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype)
         self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision)
@@ -195,7 +208,8 @@ class GRPOTrainer:
         self.world_model = make_scorer(recipe.world_model.name, **recipe.world_model.options)
         self.wm_trainer = None
         if g.wm_cotrain and isinstance(self.world_model, torch.nn.Module):
-            self.wm_trainer = WorldModelTrainer(self.world_model, recipe.world_model.train)
+            average = (lambda params: self.dist.sum_gradients(params, 1.0 / self.dist.world_size)) if self.dist.enabled else None
+            self.wm_trainer = WorldModelTrainer(self.world_model, recipe.world_model.train, average)
         self.debiaser = OnlineDebiaser(**asdict(recipe.debias))
         self.weighter = InverseVarianceWeighter(**asdict(recipe.denoise))
         self.step, self.counters = 0, {"real_steps": 0, "real_episodes": 0, "real_labels_used": 0}
@@ -246,36 +260,43 @@ class GRPOTrainer:
         return specs
 
     def rollouts(self) -> StepBatch:
-        g = self.recipe.grpo
+        """This step's rollouts; under torchrun process r runs every world_size-th one and the
+        outcomes are gathered, so groups, anchors and advantages are the same in every process."""
+        g, rank, world = self.recipe.grpo, self.dist.rank, self.dist.world_size
         groups_per_task = g.init_states_per_step if g.grouping == "init_state" else 1
         wanted = {t: list(range(t * groups_per_task, (t + 1) * groups_per_task)) if g.grouping == "init_state" else [t]
                   for t in range(len(self.task_ids))}
-        kept: dict[int, list[Trajectory]] = {}
+        kept: dict[int, list[tuple]] = {}  # group -> [(summary, trajectory or None)]
         resampled = 0
         for attempt in range(g.max_resample + 1 if g.dynamic_sampling else 1):
             todo = [(spec, group) for t, slots in wanted.items() for spec, group in self._specs(t, attempt, slots)]
             if not todo:
                 break
-            results = self.engine.run([s for s, _ in todo], progress=self.progress, desc=f"step {self.step + 1} rollouts")
-            self.counters["real_episodes"] += len(results)
-            self.counters["real_steps"] += sum(t.length for t in results)
-            by_group: dict[int, list[Trajectory]] = {}
-            for (_, group), trajectory in zip(todo, results):
-                by_group.setdefault(group, []).append(trajectory)
+            mine = list(range(rank, len(todo), world))
+            local = dict(zip(mine, self.engine.run([todo[k][0] for k in mine], progress=self.progress,
+                                                   desc=f"step {self.step + 1} rollouts")))
+            summaries = {}
+            for part in self.dist.gather({k: (t.success, t.failure is None, t.length, t.num_queries, t.instruction)
+                                          for k, t in local.items()}):
+                summaries.update(part)
+            self.counters["real_episodes"] += len(todo)
+            self.counters["real_steps"] += sum(summaries[k][2] for k in range(len(todo)))
+            by_group: dict[int, list[tuple]] = {}
+            for k, (_, group) in enumerate(todo):
+                by_group.setdefault(group, []).append((summaries[k], local.get(k)))
             for group, members in by_group.items():
-                rate = np.mean([t.success for t in members if t.failure is None] or [0.0])
-                in_band = g.success_band[0] <= rate <= g.success_band[1]
-                if not g.dynamic_sampling or in_band:
+                rate = np.mean([m[0][0] for m in members if m[0][1]] or [0.0])
+                if not g.dynamic_sampling or g.success_band[0] <= rate <= g.success_band[1]:
                     kept[group] = members
             wanted = {t: [s for s in slots if s not in kept] for t, slots in wanted.items()}
             resampled += sum(len(s) for s in wanted.values()) if attempt < g.max_resample else 0
         skipped = sum(len(s) for s in wanted.values())
-        trajectories = [t for group in sorted(kept) for t in kept[group]]
+        members = [m for group in sorted(kept) for m in kept[group]]
         groups = np.array([group for group in sorted(kept) for _ in kept[group]], dtype=np.int64)
-        valid = np.array([t.failure is None for t in trajectories], bool)
-        outcomes = np.array([float(t.success) for t in trajectories])
-        return StepBatch(trajectories, groups, outcomes, self._anchors(groups, valid), valid, resampled
-                         if g.dynamic_sampling else 0, skipped)
+        valid = np.array([m[0][1] for m in members], bool)
+        return StepBatch([m[1] for m in members], groups, np.array([float(m[0][0]) for m in members]),
+                         self._anchors(groups, valid), valid, np.array([m[0][3] for m in members], np.int64),
+                         [m[0][4] for m in members], resampled if g.dynamic_sampling else 0, skipped)
 
     def _anchors(self, groups: np.ndarray, valid: np.ndarray) -> np.ndarray:
         g = self.recipe.grpo
@@ -295,17 +316,23 @@ class GRPOTrainer:
     # -- 2-7. scoring, corrections, rewards, advantages -----------------------------------------------------
 
     def score(self, batch: StepBatch) -> np.ndarray:
-        """World-model scores of every valid rollout (NaN for infrastructure failures)."""
+        """World-model scores of every valid rollout (NaN for infrastructure failures); each process
+        scores the rollouts it holds and the scores are gathered."""
         size = getattr(getattr(self.world_model, "config", None), "image_size", None)
-        index = np.flatnonzero(batch.valid)
-        frames = [trajectory_frames(batch.trajectories[i]) for i in index]
+        index = [k for k in batch.local() if batch.valid[k]]
+        frames = [trajectory_frames(batch.trajectories[k]) for k in index]
         if size is not None:
             frames = [resize_frames(f, size) for f in frames]
-        scores = np.full(len(batch.trajectories), np.nan)
-        if len(index):
-            scores[index] = self.world_model.score(frames, [batch.trajectories[i].instruction for i in index],
-                                                   mode=self.recipe.grpo.wm_reduction)
-        bad = [int(i) for i in index if not np.isfinite(scores[i])]
+        local = {}
+        if index:
+            values = self.world_model.score(frames, [batch.instructions[k] for k in index],
+                                            mode=self.recipe.grpo.wm_reduction)
+            local = dict(zip(index, np.asarray(values, float).tolist()))
+        scores = np.full(len(batch.groups), np.nan)
+        for part in self.dist.gather(local):
+            for k, v in part.items():
+                scores[k] = v
+        bad = [int(k) for k in np.flatnonzero(batch.valid) if not np.isfinite(scores[k])]
         if bad:
             raise ValueError(f"world model {self.recipe.world_model.name!r} returned NaN/inf for rollout(s) {bad[:5]} "
                              f"of step {self.step + 1}; the step is refused and nothing was written")
@@ -345,15 +372,18 @@ class GRPOTrainer:
 
     # -- 8. policy update -----------------------------------------------------------------------------------
 
-    def _samples(self, batch: StepBatch, advantages: np.ndarray) -> list[tuple]:
+    def _samples(self, batch: StepBatch, advantages: np.ndarray) -> list[tuple[int, int, float]]:
+        """(rollout, query, advantage) of a random subset of each rollout's queries; the same list
+        in every process (it is drawn from the gathered arrays)."""
         g = self.recipe.grpo
         rng = np.random.default_rng([g.seed, self.step, 2_000_003])
         samples = []
-        for i, t in enumerate(batch.trajectories):
-            if advantages[i] == 0 or not batch.valid[i] or not t.num_queries:
+        for k in range(len(batch.groups)):
+            if advantages[k] == 0 or not batch.valid[k] or not batch.num_queries[k]:
                 continue  # zero-advantage samples carry no gradient
-            picks = np.sort(rng.choice(t.num_queries, min(g.queries_per_rollout, t.num_queries), replace=False))
-            samples += [(t.frames[q], t.instruction, t.token_ids[q], t.log_probs[q], advantages[i]) for q in picks]
+            picks = np.sort(rng.choice(batch.num_queries[k], min(g.queries_per_rollout, batch.num_queries[k]),
+                                       replace=False))
+            samples += [(k, int(q), float(advantages[k])) for q in picks]
         return samples
 
     def _reference_log_probs(self, images, instructions, tokens) -> torch.Tensor:
@@ -364,39 +394,56 @@ class GRPOTrainer:
             with self.policy.llm.disable_adapter():
                 return self.policy.score(images, instructions, tokens, t)[0]
 
-    def update(self, samples: list[tuple]) -> dict:
+    def update(self, batch: StepBatch, samples: list[tuple[int, int, float]]) -> dict:
+        """PPO-clip over minibatches of the global sample list. Each process computes the summed
+        token loss of the samples it holds, divided by the minibatch's token count; summing the
+        gradients over processes gives exactly the single-process minibatch gradient."""
         g = self.recipe.grpo
         rng = np.random.default_rng([g.seed, self.step, 3_000_003])
-        totals: dict[str, list[float]] = {}
+        n_tokens = self.policy.config.num_action_tokens
+        sums: dict[str, float] = {}
+        grad_norms = []
         for _ in range(g.inner_epochs):
             order = rng.permutation(len(samples))
             for start in range(0, len(order), g.minibatch_size):
                 chunk = [samples[i] for i in order[start:start + g.minibatch_size]]
-                images = np.stack([s[0] for s in chunk])
-                instructions = [s[1] for s in chunk]
-                tokens = torch.as_tensor(np.stack([s[2] for s in chunk]), device=self.policy.device)
-                old = torch.as_tensor(np.stack([s[3] for s in chunk]), device=self.policy.device)
-                adv = torch.as_tensor([s[4] for s in chunk], dtype=torch.float32, device=self.policy.device)[:, None]
-                new, entropy = self.policy.score(images, instructions, tokens, g.temperature)
-                ratio = torch.exp(new - old)
-                clipped = torch.clamp(ratio, 1 - g.clip_eps, 1 + g.clip_eps_high)
-                loss = -torch.minimum(ratio * adv, clipped * adv).mean() - g.entropy_coef * entropy.mean()
-                if g.kl_coef > 0:
-                    log_ref_ratio = self._reference_log_probs(images, instructions, tokens) - new
-                    loss = loss + g.kl_coef * (torch.exp(log_ref_ratio) - log_ref_ratio - 1).mean()
+                own = [(batch.trajectories[k], q, a) for k, q, a in chunk if batch.trajectories[k] is not None]
+                scale = 1.0 / (len(chunk) * n_tokens)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, g.grad_clip)
+                if own:
+                    for key, value in self._minibatch_loss(own, scale).items():
+                        sums[key] = sums.get(key, 0.0) + value
+                self.dist.sum_gradients(self.trainable)
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.trainable, g.grad_clip)))
                 self.optimizer.step()
-                with torch.no_grad():
-                    log_ratio = new - old
-                    stats = {"loss": loss.item(), "entropy": entropy.mean().item(), "grad_norm": float(grad_norm),
-                             "approx_kl": ((torch.exp(log_ratio) - 1) - log_ratio).mean().item(),
-                             "clip_low": ((ratio < 1 - g.clip_eps) & (adv < 0)).float().mean().item(),
-                             "clip_high": ((ratio > 1 + g.clip_eps_high) & (adv > 0)).float().mean().item()}
-                for k, v in stats.items():
-                    totals.setdefault(k, []).append(v)
-        return {k: float(np.mean(v)) for k, v in totals.items()}
+        total = {k: sum(part.get(k, 0.0) for part in self.dist.gather(sums)) for k in
+                 ("loss", "entropy", "approx_kl", "clip_low", "clip_high", "tokens")}
+        tokens = max(total.pop("tokens"), 1.0)
+        return {**{k: v / tokens for k, v in total.items()}, "grad_norm": float(np.mean(grad_norms))}
+
+    def _minibatch_loss(self, own: list[tuple], scale: float) -> dict:
+        """Backpropagate `scale` × the summed per-token loss of these (trajectory, query, advantage) samples."""
+        g, device = self.recipe.grpo, self.policy.device
+        images = np.stack([t.frames[q] for t, q, _ in own])
+        instructions = [t.instruction for t, _, _ in own]
+        tokens = torch.as_tensor(np.stack([t.token_ids[q] for t, q, _ in own]), device=device)
+        old = torch.as_tensor(np.stack([t.log_probs[q] for t, q, _ in own]), device=device)
+        adv = torch.as_tensor([a for _, _, a in own], dtype=torch.float32, device=device)[:, None]
+        new, entropy = self.policy.score(images, instructions, tokens, g.temperature)
+        ratio = torch.exp(new - old)
+        clipped = torch.clamp(ratio, 1 - g.clip_eps, 1 + g.clip_eps_high)
+        per_token = -torch.minimum(ratio * adv, clipped * adv) - g.entropy_coef * entropy
+        if g.kl_coef > 0:
+            log_ref_ratio = self._reference_log_probs(images, instructions, tokens) - new
+            per_token = per_token + g.kl_coef * (torch.exp(log_ref_ratio) - log_ref_ratio - 1)
+        (per_token.sum() * scale).backward()
+        with torch.no_grad():  # token sums, so that means over processes and minibatches are exact
+            log_ratio = new - old
+            return {"loss": per_token.sum().item(), "entropy": entropy.sum().item(),
+                    "approx_kl": ((torch.exp(log_ratio) - 1) - log_ratio).sum().item(),
+                    "clip_low": ((ratio < 1 - g.clip_eps) & (adv < 0)).float().sum().item(),
+                    "clip_high": ((ratio > 1 + g.clip_eps_high) & (adv > 0)).float().sum().item(),
+                    "tokens": float(per_token.numel())}
 
     # -- one step, checkpoints --------------------------------------------------------------------------------
 
@@ -410,13 +457,13 @@ class GRPOTrainer:
         rewards, advantages, log = self.rewards(batch, scores)
         t2 = time.perf_counter()
         samples = self._samples(batch, advantages)
-        update = self.update(samples) if samples else {}
+        update = self.update(batch, samples) if samples else {}
         wm_loss = float("nan")
         if self.wm_trainer is not None and batch.anchors.any():
-            labelled = [LabelledTrajectory(resize_frames(trajectory_frames(batch.trajectories[i]),
+            labelled = [LabelledTrajectory(resize_frames(trajectory_frames(batch.trajectories[k]),
                                                          self.world_model.config.image_size),
-                                           batch.trajectories[i].instruction, bool(batch.outcomes[i]), "rollout")
-                        for i in np.flatnonzero(batch.anchors)]
+                                           batch.instructions[k], bool(batch.outcomes[k]), "rollout")
+                        for k in batch.local() if batch.anchors[k]]
             wm_loss = self.wm_trainer.update(labelled, g.wm_update_steps)
         t3 = time.perf_counter()
         self.step += 1
@@ -472,24 +519,35 @@ class GRPOTrainer:
 
 
 def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
+    """Train; under `torchrun` every process runs a share of the rollouts and only rank 0 writes."""
     g, out = recipe.grpo, Path(recipe.out)
     random.seed(g.seed), np.random.seed(g.seed), torch.manual_seed(g.seed)
     trainer = GRPOTrainer(recipe, envs, progress)
+    main_process = trainer.dist.is_main
+    log = None
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, default=str))
+        if main_process:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, default=str))
         resume_from = latest_checkpoint(out) if recipe.resume else None
         if resume_from is not None:
             trainer.resume(resume_from)
-        with MetricsLog(out, "grpo", trainer.step) as log:
-            for _ in tqdm(range(trainer.step, g.steps), desc="grpo", disable=not progress, initial=trainer.step,
-                          total=g.steps):
-                record = trainer.train_step()
-                if trainer.step % g.save_every == 0 or trainer.step == g.steps:
+        log = MetricsLog(out, "grpo", trainer.step) if main_process else None
+        history = list(log.history) if log else []
+        for _ in tqdm(range(trainer.step, g.steps), desc="grpo", disable=not trainer.progress, initial=trainer.step,
+                      total=g.steps):
+            record = trainer.train_step()
+            if trainer.step % g.save_every == 0 or trainer.step == g.steps:
+                if main_process:
                     trainer.save()
+                trainer.dist.barrier()
+            if log is not None:
                 log.write(record)
-        return {"history": log.history, "checkpoint": str(latest_checkpoint(out)), "trainer": trainer}
+            history.append(record)
+        return {"history": history, "checkpoint": str(latest_checkpoint(out)), "trainer": trainer}
     finally:
+        if log is not None:
+            log.close()
         trainer.close()
 
 

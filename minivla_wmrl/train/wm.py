@@ -110,10 +110,12 @@ def calibration_error(probabilities: np.ndarray, labels: np.ndarray, bins: int =
 class WorldModelTrainer:
     """Optimiser, example sampling and metrics for a `ProgressWorldModel`; `update` is the online step."""
 
-    def __init__(self, model: ProgressWorldModel, config: WMTrainConfig):
+    def __init__(self, model: ProgressWorldModel, config: WMTrainConfig, reduce_gradients=None):
+        """`reduce_gradients(parameters)`: averages gradients over processes (GRPO under torchrun),
+        so every process's copy of the world model takes the same steps."""
         if config.failed_progress not in ("zero", "none"):
             raise ValueError(f"failed_progress must be 'zero' or 'none', got {config.failed_progress!r}")
-        self.model, self.config = model, config
+        self.model, self.config, self.reduce_gradients = model, config, reduce_gradients
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
                                            weight_decay=config.weight_decay)
         self.rng = np.random.default_rng(config.seed)
@@ -143,22 +145,26 @@ class WorldModelTrainer:
         return self.config.progress_weight * progress_loss + self.config.success_weight * success_loss
 
     def step(self, batch: list[LabelledTrajectory]) -> float:
+        """One optimiser step; an empty batch only joins the gradient averaging (NaN loss)."""
         self.model.train()
-        loss = self.loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = self.loss(batch) if batch else None
+        if loss is not None:
+            loss.backward()
+        if self.reduce_gradients is not None:
+            self.reduce_gradients(list(self.model.parameters()))
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
-        return loss.item()
+        return loss.item() if loss is not None else float("nan")
 
     def update(self, trajectories: list[LabelledTrajectory], steps: int, batch_size: int | None = None) -> float:
         """A few steps on newly labelled trajectories (GRPO's online co-training); mean loss."""
-        if not trajectories or steps < 1:
+        if steps < 1 or (not trajectories and self.reduce_gradients is None):
             return float("nan")
         size = min(batch_size or self.config.batch_size, len(trajectories))
-        losses = [self.step([trajectories[i] for i in self.rng.choice(len(trajectories), size, replace=False)])
-                  for _ in range(steps)]
-        return float(np.mean(losses))
+        losses = [self.step([trajectories[i] for i in self.rng.choice(len(trajectories), size, replace=False)]
+                            if trajectories else []) for _ in range(steps)]
+        return float(np.nanmean(losses)) if trajectories else float("nan")
 
     @torch.no_grad()
     def metrics(self, trajectories: list[LabelledTrajectory]) -> dict:
