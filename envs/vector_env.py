@@ -190,7 +190,11 @@ class VectorEnv(EnvPool):
         results: dict[int, Any] = {}
         pending = {}
         for i, args in args_per_env.items():
-            self._await_ready(i)
+            try:
+                self._await_ready(i)
+            except RuntimeError as error:  # a restarted worker could not rebuild its env
+                results[i] = EnvFailure(f"worker crash: {error}")
+                continue
             try:
                 self._workers[i].conn.send((command, args))
                 pending[i] = self._workers[i]

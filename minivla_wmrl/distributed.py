@@ -1,7 +1,7 @@
 """torch.distributed set-up for runs launched with `torchrun` (one process per GPU, or CPU processes).
 
 Outside torchrun (no WORLD_SIZE) everything is a single process and every helper is a no-op.
-Backend: NCCL on CUDA, gloo on CPU.
+Backends: NCCL for CUDA tensors, gloo for CPU tensors (gathers of rollout summaries, logged means).
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def init_distributed(device: str = "cpu") -> Distributed:
         return Distributed()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        if backend == "nccl":
+        if device.startswith("cuda"):
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend)
+            dist.init_process_group("cpu:gloo,cuda:nccl")  # gloo for the CPU-side gathers and means
+        else:
+            dist.init_process_group("gloo")
     return Distributed(rank, world_size, local_rank)

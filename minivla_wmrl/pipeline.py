@@ -106,7 +106,9 @@ class Pipeline:
             r.sft.policy.tokenizer = w.qwen_dir
         if w.minivla_run_dir:
             r.sft.policy.init_checkpoint = str(out / "pretrained")
-        r.wm.out, r.wm.data.demos = str(out / "wm"), self.data
+        convention = r.sft.data.image_convention  # every stage sees images as the policy was trained on them
+        r.wm.out, r.wm.data.demos, r.wm.data.image_convention = str(out / "wm"), self.data, convention
+        r.wm.collect.image_convention = r.grpo.env.image_convention = convention
         if r.wm.collect.episodes_per_task > 0:
             r.wm.collect.checkpoint = str(out / "sft" / "final")
             r.wm.collect.suite, r.wm.collect.tasks, r.wm.collect.gym = r.suite, list(r.tasks), dict(r.gym)
@@ -217,8 +219,10 @@ class Pipeline:
             checkpoint = self.out / "sft" / "final" if name == "sft" else latest_checkpoint(self.out / name)
             if checkpoint is None or not Path(checkpoint).exists():
                 raise FileNotFoundError(f"no {name} checkpoint under {self.out / name}; run --stage {name} first")
+            # one directory per checkpoint: a continued run's newer checkpoint gets its own evaluation
             infos[name] = evaluate(EvalConfig(
-                checkpoint=str(checkpoint), suite=self.r.suite, out=str(self.out / "eval" / name), tasks=list(self.r.tasks),
+                checkpoint=str(checkpoint), suite=self.r.suite, out=str(self.out / "eval" / name / Path(checkpoint).name),
+                tasks=list(self.r.tasks),
                 trials=e.trials, first_trial=e.first_trial, envs=e.envs, execute_steps=e.execute_steps,
                 max_steps=e.max_steps, image_convention=self.r.sft.data.image_convention, videos=e.videos,
                 videos_per_task=e.videos_per_task, device=self.r.sft.policy.device, gym=dict(self.r.gym)))

@@ -49,7 +49,8 @@ def test_gym_recipe_runs_end_to_end(tmp_path, capsys):
     report = json.loads((out / "demos" / "demos_report.json").read_text())
     assert report[0]["succeeded"] == 4
     for name in ("sft", "grpo"):
-        info = json.loads((out / "eval" / name / "eval_info.json").read_text())
+        (path,) = (out / "eval" / name).glob("*/eval_info.json")  # eval/sft/final, eval/grpo/step_0000001
+        info = json.loads(path.read_text())
         assert info["overall"]["trials"] == 2 and info["settings"]["suite"] == "gym"
     grpo = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert grpo[0]["real_episodes"] == 6 and grpo[0]["rollouts"] == 6

@@ -75,10 +75,7 @@ def test_tokens_decode_to_unnormalised_env_actions(policy):
 
 def test_lora_trains_only_the_adapters(images):
     policy = make_policy(seed=2)
-    policy.add_lora(r=4, alpha=8)
-    policy.set_trainable(vision=False, projector=False, llm=False)
-    for name, parameter in policy.llm.named_parameters():
-        parameter.requires_grad_("lora_" in name)
+    policy.configure_training(lora=True, lora_r=4, lora_alpha=8, freeze_vision=True)
     trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
     targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert trainable and all("lora_" in n for n in trainable)
@@ -91,6 +88,22 @@ def test_lora_trains_only_the_adapters(images):
     optimizer.step()
     changed = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
     assert changed and changed <= set(trainable)
+
+
+def test_fresh_adapters_merge_the_old_ones_so_disabling_them_gives_the_start_policy(images):
+    policy = make_policy(seed=6)
+    policy.add_lora(r=4, alpha=8)
+    with torch.no_grad():
+        for name, parameter in policy.llm.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)  # a LoRA-fine-tuned policy
+    tokens = policy.generate(images, INSTRUCTIONS).token_ids
+    tuned, _ = policy.score(images, INSTRUCTIONS, tokens)
+    policy.configure_training(lora=True, lora_r=4, lora_alpha=8, freeze_vision=True, fresh_adapters=True)
+    with policy.llm.disable_adapter():
+        reference, _ = policy.score(images, INSTRUCTIONS, tokens)
+    torch.testing.assert_close(reference, tuned, atol=1e-5, rtol=1e-5)
+    assert not any(p.requires_grad for p in policy.projector.parameters())
 
 
 def test_bfloat16_generation_runs(images):

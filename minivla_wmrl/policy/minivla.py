@@ -115,12 +115,17 @@ class MiniVLA(nn.Module):
             module.requires_grad_(flag)
 
     def configure_training(self, lora: bool = False, lora_r: int = 16, lora_alpha: int = 32,
-                           freeze_vision: bool = False) -> None:
-        """Set what trains. With LoRA (added here when missing) only the language model's adapters
-        train; the projector trains unless LoRA; the vision backbone unless frozen."""
+                           freeze_vision: bool = False, fresh_adapters: bool = False) -> None:
+        """Set what trains. With LoRA only the language model's adapters train (added here when
+        missing; with `fresh_adapters`, existing ones are merged into the weights first, so the
+        model with its adapters disabled is exactly the starting policy: GRPO's KL reference).
+        Without LoRA the projector and the language model train; the vision backbone trains unless frozen."""
+        if lora and getattr(self, "lora", None) and fresh_adapters:
+            self.llm = self.llm.merge_and_unload()
+            self.lora = None
         if lora and not getattr(self, "lora", None):
             self.add_lora(lora_r, lora_alpha)
-        self.set_trainable(vision=not freeze_vision, projector=True, llm=not lora)
+        self.set_trainable(vision=not freeze_vision, projector=not lora, llm=not lora)
         if lora:
             for name, parameter in self.llm.named_parameters():
                 parameter.requires_grad_("lora_" in name)

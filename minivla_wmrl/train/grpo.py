@@ -198,17 +198,21 @@ class GRPOTrainer:
         self.progress = progress and self.dist.is_main
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p.dtype]
         self.policy = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype)
-        self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision)
+        self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision, fresh_adapters=True)
         self.reference = None
-        if g.kl_coef > 0 and not p.lora:  # with LoRA the reference is the model with its adapters disabled
+        if g.kl_coef > 0 and not (p.lora and p.freeze_vision):  # else: the model with its adapters disabled
             self.reference = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype).requires_grad_(False)
         self.trainable = [q for q in self.policy.parameters() if q.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=g.lr, weight_decay=g.weight_decay)
 
-        self.world_model = make_scorer(recipe.world_model.name, **recipe.world_model.options)
+        options = dict(recipe.world_model.options)
+        if recipe.world_model.name == "progress":
+            options.setdefault("device", p.device)  # score and co-train beside the policy
+        self.world_model = make_scorer(recipe.world_model.name, **options)
         self.wm_trainer = None
         if g.wm_cotrain and isinstance(self.world_model, torch.nn.Module):
-            average = (lambda params: self.dist.sum_gradients(params, 1.0 / self.dist.world_size)) if self.dist.enabled else None
+            average = (lambda params: self.dist.sum_gradients([q for q in params if q.requires_grad],
+                                                              1.0 / self.dist.world_size)) if self.dist.enabled else None
             self.wm_trainer = WorldModelTrainer(self.world_model, recipe.world_model.train, average)
         self.debiaser = OnlineDebiaser(**asdict(recipe.debias))
         self.weighter = InverseVarianceWeighter(**asdict(recipe.denoise))
@@ -379,8 +383,10 @@ class GRPOTrainer:
         rng = np.random.default_rng([g.seed, self.step, 2_000_003])
         samples = []
         for k in range(len(batch.groups)):
-            if advantages[k] == 0 or not batch.valid[k] or not batch.num_queries[k]:
-                continue  # zero-advantage samples carry no gradient
+            if not batch.valid[k] or not batch.num_queries[k]:
+                continue
+            if advantages[k] == 0 and g.kl_coef == 0 and g.entropy_coef == 0:
+                continue  # zero-advantage samples carry no gradient (unless KL or entropy terms apply)
             picks = np.sort(rng.choice(batch.num_queries[k], min(g.queries_per_rollout, batch.num_queries[k]),
                                        replace=False))
             samples += [(k, int(q), float(advantages[k])) for q in picks]
@@ -459,7 +465,7 @@ class GRPOTrainer:
         samples = self._samples(batch, advantages)
         update = self.update(batch, samples) if samples else {}
         wm_loss = float("nan")
-        if self.wm_trainer is not None and batch.anchors.any():
+        if self.wm_trainer is not None and batch.anchors.any() and g.reward_mode != "dense_raw":  # raw: no real labels
             labelled = [LabelledTrajectory(resize_frames(trajectory_frames(batch.trajectories[k]),
                                                          self.world_model.config.image_size),
                                            batch.instructions[k], bool(batch.outcomes[k]), "rollout")
@@ -537,13 +543,13 @@ def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
         for _ in tqdm(range(trainer.step, g.steps), desc="grpo", disable=not trainer.progress, initial=trainer.step,
                       total=g.steps):
             record = trainer.train_step()
+            if log is not None:  # before the checkpoint: a resume never loses a step's record
+                log.write(record)
+            history.append(record)
             if trainer.step % g.save_every == 0 or trainer.step == g.steps:
                 if main_process:
                     trainer.save()
                 trainer.dist.barrier()
-            if log is not None:
-                log.write(record)
-            history.append(record)
         return {"history": history, "checkpoint": str(latest_checkpoint(out)), "trainer": trainer}
     finally:
         if log is not None:

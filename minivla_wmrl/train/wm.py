@@ -71,6 +71,7 @@ class WMCollect:
     execute_steps: int = 8
     max_steps: int | None = None  # None: the suite's protocol cap
     envs: int = 2
+    image_convention: str = "minivla"  # must match the policy's training data
     gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
 
 
@@ -152,7 +153,7 @@ class WorldModelTrainer:
         if loss is not None:
             loss.backward()
         if self.reduce_gradients is not None:
-            self.reduce_gradients(list(self.model.parameters()))
+            self.reduce_gradients([p for p in self.model.parameters() if p.requires_grad])
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
         self.optimizer.step()
         return loss.item() if loss is not None else float("nan")
@@ -202,7 +203,8 @@ def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
     cameras = ("agentview", "wrist")[:policy.config.num_images]
     labelled = []
     for task in collect.tasks:
-        factory = env_factory(collect.suite, task, cameras, max_steps=collect.max_steps, gym=collect.gym)
+        factory = env_factory(collect.suite, task, cameras, collect.image_convention, collect.max_steps,
+                              gym=collect.gym)
         with VectorEnv([factory] * collect.envs) as envs:
             states = vector_training_init_states(envs, 0, collect.episodes_per_task)
             specs = [EpisodeSpec(envs.infos[0].task_id, state, seed=k) for k, state in enumerate(states)]
