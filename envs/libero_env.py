@@ -167,12 +167,7 @@ class LiberoEnv(RobotEnv):
             if state.shape != (expected,) or not np.all(np.isfinite(state)):
                 raise ValueError(f"raw init state has shape {state.shape}; expected a finite ({expected},) MuJoCo state")
         self._render_next = self.render_every_step
-        global_rng = np.random.get_state()
-        np.random.seed(self.seed)
-        try:
-            self._env.reset()
-        finally:
-            np.random.set_state(global_rng)
+        self._seeded_reset(self.seed)
         for robot in self._env.env.robots:
             robot.gripper.current_action = np.zeros_like(robot.gripper.current_action)
         self._raw_obs = self._env.set_init_state(state)
@@ -189,14 +184,19 @@ class LiberoEnv(RobotEnv):
         The published 50 init states were drawn by the same samplers; new draws give RL training
         states disjoint from the evaluation states (see `minivla_wmrl.init_states`).
         """
+        self._render_next = False
+        self._seeded_reset(seed)
+        return self.get_state()
+
+    def _seeded_reset(self, seed: int) -> None:
+        """LIBERO's reset, its placement draws taken from numpy's global RNG seeded with `seed`
+        (the caller's global RNG is left as it was)."""
         global_rng = np.random.get_state()
         np.random.seed(seed)
         try:
-            self._render_next = False
             self._env.reset()
         finally:
             np.random.set_state(global_rng)
-        return self.get_state()
 
     def published_init_states(self) -> np.ndarray:
         """The task's 50 published init states (the evaluation protocol's)."""

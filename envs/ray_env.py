@@ -15,9 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from envs.vector_env import EnvFactory, EnvFailure, EnvInfo, EnvPool
-
-ENV_PREFIXES = ("LIBERO_", "MUJOCO_", "PYOPENGL_", "MESA_", "MINIVLA_WMRL_")
+from envs.vector_env import EnvFactory, EnvFailure, EnvInfo, EnvPool, forwarded_env_vars
 
 
 class _EnvActor:
@@ -26,17 +24,12 @@ class _EnvActor:
         self.env = factory()
 
     def info(self) -> EnvInfo:
-        e = self.env
-        return EnvInfo(e.task_id, e.instruction, e.action_dim, e.max_steps, e.num_init_states, e.cameras)
+        return EnvInfo.of(self.env)
 
     def pid(self) -> int:
         return os.getpid()
 
     def run(self, command: str, args: tuple) -> Any:
-        if command == "reset":
-            return self.env.reset(*args)
-        if command == "step":
-            return self.env.step(*args)
         return getattr(self.env, command)(*args)
 
 
@@ -58,10 +51,10 @@ class RayVectorEnv(EnvPool):
             raise ValueError("RayVectorEnv needs at least one env factory")
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}})
+                     runtime_env={"env_vars": forwarded_env_vars()})
         self._ray, self.factories, self.step_timeout_s = ray, list(factories), step_timeout_s
         self._actor_class = ray.remote(num_cpus=num_cpus)(_EnvActor)
-        self._env_vars = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+        self._env_vars = forwarded_env_vars()
         self.restarts = [0] * len(self.factories)
         self._actors = [self._actor_class.remote(f, self._env_vars) for f in self.factories]
         self._infos = ray.get([a.info.remote() for a in self._actors])

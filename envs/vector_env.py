@@ -40,11 +40,24 @@ class EnvInfo:
     cameras: tuple[str, ...]
 
 
+    @classmethod
+    def of(cls, env: RobotEnv) -> EnvInfo:
+        return cls(env.task_id, env.instruction, env.action_dim, env.max_steps, env.num_init_states, env.cameras)
+
+
+FORWARDED_ENV_PREFIXES = ("LIBERO_", "MUJOCO_", "PYOPENGL_", "MESA_", "MINIVLA_WMRL_")
+
+
+def forwarded_env_vars() -> dict[str, str]:
+    """The environment variables a worker needs to find the assets and renderer this process uses."""
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+
+
 def _worker(factory: EnvFactory, conn, env_vars: dict[str, str]) -> None:
     os.environ.update(env_vars)
     try:
         env = factory()
-        conn.send(("ok", EnvInfo(env.task_id, env.instruction, env.action_dim, env.max_steps, env.num_init_states, env.cameras)))
+        conn.send(("ok", EnvInfo.of(env)))
     except BaseException:  # noqa: BLE001 - reported to the parent, which decides
         conn.send(("error", traceback.format_exc()))
         return
@@ -56,13 +69,7 @@ def _worker(factory: EnvFactory, conn, env_vars: dict[str, str]) -> None:
         if command == "close":
             break
         try:
-            if command == "reset":
-                result = env.reset(*args)
-            elif command == "step":
-                result = env.step(*args)
-            else:
-                result = getattr(env, command)(*args)
-            conn.send(("ok", result))
+            conn.send(("ok", getattr(env, command)(*args)))
         except Exception:  # noqa: BLE001 - the episode fails, the worker lives on
             conn.send(("error", traceback.format_exc()))
     env.close()
@@ -144,7 +151,7 @@ class VectorEnv(EnvPool):
         self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
         self._env_vars = []
         for i in range(len(self.factories)):
-            env_vars = {k: v for k, v in os.environ.items() if k.startswith(("LIBERO_", "MUJOCO_", "PYOPENGL_", "MESA_"))}
+            env_vars = forwarded_env_vars()
             if egl_device_ids is not None:
                 env_vars["MUJOCO_EGL_DEVICE_ID"] = str(egl_device_ids[i % len(egl_device_ids)])
             self._env_vars.append(env_vars)

@@ -83,11 +83,13 @@ def settings(config: EvalConfig, tasks: list[int]) -> dict:
     }
 
 
-def _check_policy(policy, env_action_dim: int, checkpoint: str) -> None:
+def _check_policy(policy, checkpoint: str, env_action_dim: int | None) -> None:
+    """Before any env starts: statistics that fit the action tokenizer, and (when known up front,
+    as for LIBERO) the env's action size; the rollout engine checks gym envs once they are built."""
     tokenizer = policy.action_tokenizer.config
-    if tokenizer.action_dim != env_action_dim:
+    if env_action_dim is not None and tokenizer.action_dim != env_action_dim:
         raise ValueError(f"checkpoint {checkpoint}: its action tokenizer makes {tokenizer.action_dim}-dim actions; "
-                         f"LIBERO needs {env_action_dim}")
+                         f"the env needs {env_action_dim}")
     if policy.statistics is None:
         raise ValueError(f"checkpoint {checkpoint} has no dataset_statistics.json; actions cannot be un-normalised")
     if len(policy.statistics.q01) != tokenizer.action_dim:
@@ -167,7 +169,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         action_dim = LiberoEnv.action_dim
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
     policy = load_policy(Path(config.checkpoint), device=config.device, dtype=dtype)
-    _check_policy(policy, action_dim or policy.action_tokenizer.config.action_dim, config.checkpoint)
+    _check_policy(policy, config.checkpoint, action_dim)
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -122,13 +122,10 @@ class Pipeline:
         w, items = self.r.weights, []
         if not self.r.demos.generate:
             items += [("data", p, Path(p).exists()) for p in self.r.data] or [("data", None, False)]
-        for name in ("minivla_run_dir", "vq_dir", "qwen_dir"):
-            if getattr(w, name):
-                items.append((name, getattr(w, name), Path(getattr(w, name)).exists()))
-        if w.minivla_run_dir and not w.vq_dir:
-            items.append(("vq_dir", None, False))
-        if w.minivla_run_dir and not w.qwen_dir:
-            items.append(("qwen_dir", None, False))
+        for name in ("minivla_run_dir", "vq_dir", "qwen_dir"):  # a pretrained run needs all three
+            path = getattr(w, name)
+            if path or w.minivla_run_dir:
+                items.append((name, path, bool(path) and Path(path).exists()))
         return items
 
     def check_inputs(self) -> None:
@@ -180,6 +177,8 @@ class Pipeline:
                       self.r.sft.data.dataset_name)
 
     def stage_sft(self) -> dict:
+        import shutil
+
         from minivla_wmrl.atomic import atomic_directory
         from minivla_wmrl.policy.checkpoint import import_prismatic, save_policy
         from minivla_wmrl.train.sft import train_sft
@@ -189,8 +188,6 @@ class Pipeline:
             save_policy(import_prismatic(Path(w.minivla_run_dir), Path(w.vq_dir), Path(w.qwen_dir), self.r.sft.policy.preset,
                                          w.unnorm_key), self.out / "pretrained")
         result = train_sft(self.r.sft)
-        import shutil
-
         with atomic_directory(self.out / "sft" / "final") as tmp:  # the checkpoint later stages start from
             shutil.copytree(result["checkpoint"], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("training_state.pt"))
         return {k: v for k, v in result.items() if k != "history"}

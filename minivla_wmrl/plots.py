@@ -20,6 +20,14 @@ def _figure(rows: int, cols: int):
     return plt, *plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
 
 
+def _save(plt, figure, path: Path) -> Path:
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return Path(path)
+
+
 def plot_training_curves(run_dir: Path, path: Path) -> Path:
     """One column per stage that logged metrics (sft, wm, grpo), two metrics each."""
     stages = [s for s in CURVES if (Path(run_dir) / s / "metrics.jsonl").exists()]
@@ -33,11 +41,7 @@ def plot_training_curves(run_dir: Path, path: Path) -> Path:
                 ax.plot(*zip(*points), marker="." if len(points) < 30 else None)
             ax.set_title(f"{stage}: {key}")
             ax.set_xlabel("step")
-    figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
-    return Path(path)
+    return _save(plt, figure, path)
 
 
 def plot_calibration(debiaser, path: Path, bins: int = 10) -> Path:
@@ -56,8 +60,4 @@ def plot_calibration(debiaser, path: Path, bins: int = 10) -> Path:
         ax.set_title(f"{title} ({len(scores)} anchors)")
         ax.set_xlabel("score")
         ax.set_ylabel("real success")
-    figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
-    return Path(path)
+    return _save(plt, figure, path)

@@ -159,7 +159,6 @@ class RolloutEngine:
         done: list[Trajectory | None] = [None] * len(specs)
         c = self.config
         bar = tqdm(total=len(specs), desc=desc, disable=not progress, leave=False)
-
         retries: dict[int, int] = {}
 
         def finish(i: int, result: StepResult | None, failure: str | None) -> None:
@@ -197,25 +196,24 @@ class RolloutEngine:
             uniforms = np.stack([running[i].rng.random(self.num_tokens) for i in live]) if c.temperature > 0 else None
             query = self.policy.generate(images, [running[i].instruction for i in live], temperature=c.temperature,
                                          uniforms=uniforms)
+            token_ids, log_probs = query.token_ids.cpu().numpy(), query.log_probs.float().cpu().numpy()  # one copy per query
             actions: list = [None] * self.envs.num_envs
             for j, i in enumerate(live):
                 actions[i] = query.actions[j, :c.execute_steps]
                 episode = running[i]
                 if c.record_frames:
                     episode.frames.append(images[j])
-                episode.token_ids.append(query.token_ids[j].cpu().numpy())
-                episode.log_probs.append(query.log_probs[j].float().cpu().numpy())
+                episode.token_ids.append(token_ids[j])
+                episode.log_probs.append(log_probs[j])
                 episode.query_steps.append(episode.steps)
-            for i, result in zip(range(self.envs.num_envs), self.envs.step(actions)):
+            for i, result in enumerate(self.envs.step(actions)):
                 if result is None:
                     continue
                 episode = running[i]
                 episode.executed.append(result.steps)
                 episode.steps += result.steps
-                if result.failure is not None:
+                if result.failure is not None or result.done:
                     finish(i, result, result.failure)
-                elif result.done:
-                    finish(i, result, None)
                 else:
                     episode.observation = result.observation
         bar.close()

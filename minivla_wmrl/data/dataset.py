@@ -67,6 +67,15 @@ def _instruction(handle, path: Path) -> str:
     return " ".join(words)
 
 
+def resize_frames(frames: np.ndarray, size: int, mode: str = "bilinear") -> np.ndarray:
+    """(N, H, W, 3) uint8 frames → (N, size, size, 3), antialiased; unchanged when already that size."""
+    if frames.shape[1:3] == (size, size):
+        return np.ascontiguousarray(frames)
+    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+    x = torch.nn.functional.interpolate(x, size=(size, size), mode=mode, antialias=True, align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
 def open_hdf5(path: Path, what: str):
     """Open an hdf5 file for reading; a missing or unreadable file is an error naming it."""
     import h5py
@@ -156,17 +165,9 @@ class DemoDataset(Dataset):
             frames = self.upright(frames)
         return np.ascontiguousarray(frames)
 
-    def _resize(self, frames: np.ndarray) -> np.ndarray:
-        if frames.shape[1] == self.image_size and frames.shape[2] == self.image_size:
-            return frames
-        x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
-        x = torch.nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bicubic",
-                                            antialias=True, align_corners=False)
-        return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
-
     def __getitem__(self, i: int) -> dict:
         e, t = self.index[i]
-        frames = self._resize(self._frames(self.episodes[e], t))
+        frames = resize_frames(self._frames(self.episodes[e], t), self.image_size, mode="bicubic")
         return {"image": frames[0] if len(self.keys) == 1 else frames, "instruction": self.episodes[e].instruction,
                 "chunk": self.chunks[e][t]}
 

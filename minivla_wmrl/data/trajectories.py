@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.data.dataset import IMAGE_TRANSFORMS, open_hdf5, read_episodes
+from minivla_wmrl.data.dataset import IMAGE_TRANSFORMS, open_hdf5, read_episodes, resize_frames
 
 
 @dataclass
@@ -26,14 +25,6 @@ class LabelledTrajectory:
     success: bool
     source: str  # "demo" or "rollout"
     task_id: str = ""
-
-
-def resize_frames(frames: np.ndarray, size: int) -> np.ndarray:
-    if frames.shape[1:3] == (size, size):
-        return np.ascontiguousarray(frames)
-    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
-    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
-    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
 def demo_trajectories(paths: Sequence[str], size: int, stride: int = 8, image_convention: str = "minivla",

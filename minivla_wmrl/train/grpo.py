@@ -34,7 +34,7 @@ from tqdm import tqdm
 from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.config import load_recipe
 from minivla_wmrl.distributed import init_distributed
-from minivla_wmrl.data.trajectories import LabelledTrajectory, resize_frames, trajectory_frames
+from minivla_wmrl.data.trajectories import LabelledTrajectory, rollout_trajectories
 from minivla_wmrl.init_states import select_rl_init_states, vector_training_init_states
 from minivla_wmrl.policy.checkpoint import load_policy, write_policy
 from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
@@ -270,8 +270,7 @@ class GRPOTrainer:
         outcomes are gathered, so groups, anchors and advantages are the same in every process."""
         g, rank, world = self.recipe.grpo, self.dist.rank, self.dist.world_size
         groups_per_task = g.init_states_per_step if g.grouping == "init_state" else 1
-        wanted = {t: list(range(t * groups_per_task, (t + 1) * groups_per_task)) if g.grouping == "init_state" else [t]
-                  for t in range(len(self.task_ids))}
+        wanted = {t: list(range(t * groups_per_task, (t + 1) * groups_per_task)) for t in range(len(self.task_ids))}
         kept: dict[int, list[tuple]] = {}  # group -> [(summary, trajectory or None)]
         resampled = 0
         for attempt in range(g.max_resample + 1 if g.dynamic_sampling else 1):
@@ -321,14 +320,18 @@ class GRPOTrainer:
 
     # -- 2-7. scoring, corrections, rewards, advantages -----------------------------------------------------
 
-    def score(self, batch: StepBatch) -> np.ndarray:
-        """World-model scores of every valid rollout (NaN for infrastructure failures); each process
-        scores the rollouts it holds and the scores are gathered."""
+    def world_model_inputs(self, batch: StepBatch) -> dict[int, LabelledTrajectory]:
+        """This process's valid rollouts as the world model reads them (query frames + final frame,
+        at its image size), by rollout index: scored, and co-trained on for the anchors."""
         size = getattr(getattr(self.world_model, "config", None), "image_size", None)
         index = [k for k in batch.local() if batch.valid[k]]
-        frames = [trajectory_frames(batch.trajectories[k]) for k in index]
-        if size is not None:
-            frames = [resize_frames(f, size) for f in frames]
+        return dict(zip(index, rollout_trajectories([batch.trajectories[k] for k in index], size)))
+
+    def score(self, batch: StepBatch, inputs: dict[int, LabelledTrajectory]) -> np.ndarray:
+        """World-model scores of every valid rollout (NaN for infrastructure failures); each process
+        scores the rollouts it holds and the scores are gathered."""
+        index = list(inputs)
+        frames = [inputs[k].frames for k in index]
         local = {}
         if index:
             values = self.world_model.score(frames, [batch.instructions[k] for k in index],
@@ -461,18 +464,15 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         batch = self.rollouts()
         t1 = time.perf_counter()
-        scores = self.score(batch)
+        inputs = self.world_model_inputs(batch)
+        scores = self.score(batch, inputs)
         rewards, advantages, log = self.rewards(batch, scores)
         t2 = time.perf_counter()
         samples = self._samples(batch, advantages)
         update = self.update(batch, samples) if samples else {}
         wm_loss = float("nan")
         if self.wm_trainer is not None and batch.anchors.any() and g.reward_mode != "dense_raw":  # raw: no real labels
-            labelled = [LabelledTrajectory(resize_frames(trajectory_frames(batch.trajectories[k]),
-                                                         self.world_model.config.image_size),
-                                           batch.instructions[k], bool(batch.outcomes[k]), "rollout")
-                        for k in batch.local() if batch.anchors[k]]
-            wm_loss = self.wm_trainer.update(labelled, g.wm_update_steps)
+            wm_loss = self.wm_trainer.update([inputs[k] for k in inputs if batch.anchors[k]], g.wm_update_steps)
         t3 = time.perf_counter()
         self.step += 1
         if g.reward_mode != "dense_raw":

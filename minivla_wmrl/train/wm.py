@@ -234,14 +234,12 @@ def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
     train_set = [trajectories[i] for i in train_ids]
     val_set = [trajectories[i] for i in val_ids]
 
-    model = ProgressWorldModel(recipe.model)
-    trainer = WorldModelTrainer(model, c)
     checkpoints = out / "checkpoints"
     found = latest_checkpoint(out) if recipe.resume else None
+    model = ProgressWorldModel.load(found / "world_model") if found is not None else ProgressWorldModel(recipe.model)
+    trainer = WorldModelTrainer(model, c)
     start = 0
     if found is not None:
-        model = ProgressWorldModel.load(found / "world_model")
-        trainer = WorldModelTrainer(model, c)
         state = torch.load(found / "training_state.pt", weights_only=False)
         trainer.load_state_dict(state["trainer"])
         torch.set_rng_state(state["torch_rng"])
