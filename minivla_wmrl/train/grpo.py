@@ -16,7 +16,8 @@ score for all), `dense_calib` (WMRL: calibrated score; anchors per `anchor_rewar
 `sparse_scarce` (real success for anchors only; the rest are left out of the advantage).
 
 Under `torchrun`, each process runs a share of every step's rollouts; what the corrections and
-advantages need is gathered, and minibatch gradients are summed (see `GRPOTrainer.update`).
+advantages need is gathered, and minibatch gradients are summed (see `GRPOTrainer.update`). With
+`policy.fsdp` the policy is sharded (FSDP2) and gathered whole for the rollouts.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_model
 from tqdm import tqdm
 
 from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.config import load_recipe
 from minivla_wmrl.distributed import init_distributed
+from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
+                               shard_policy)
 from minivla_wmrl.data.trajectories import LabelledTrajectory, rollout_trajectories
 from minivla_wmrl.init_states import select_rl_init_states, vector_training_init_states
 from minivla_wmrl.policy.checkpoint import load_policy, write_policy
@@ -91,6 +95,7 @@ class GRPOPolicy:
     freeze_vision: bool = True
     device: str = "cpu"
     dtype: str = "float32"
+    fsdp: bool = False  # under torchrun: shard the policy's parameters, gradients and optimiser state (FSDP2)
 
 
 @dataclass
@@ -192,7 +197,8 @@ class StepBatch:
 class GRPOTrainer:
     """Everything one GRPO run holds: policy, optimiser, envs, world model, corrections, counters."""
 
-    def __init__(self, recipe: GRPORecipe, envs=None, progress: bool = True):
+    def __init__(self, recipe: GRPORecipe, envs=None, progress: bool = True, resume_from: Path | None = None):
+        """`resume_from`: a checkpoint of this run to continue from (weights, optimiser, corrections, RNG)."""
         validate(recipe)
         self.recipe, self.out = recipe, Path(recipe.out)
         g, p = recipe.grpo, recipe.policy
@@ -202,6 +208,11 @@ class GRPOTrainer:
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p.dtype]
         self.policy = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype)
         self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision, fresh_adapters=True)
+        if resume_from is not None:
+            load_model(self.policy, str(resume_from / "model.safetensors"), strict=True)
+        self.sharded = p.fsdp and self.dist.enabled
+        if self.sharded:  # each process scales its loss by the global token count: gradients are summed
+            shard_policy(self.policy, sum_gradients=True)
         self.reference = None
         if g.kl_coef > 0 and not (p.lora and p.freeze_vision):  # else: the model with its adapters disabled
             self.reference = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype).requires_grad_(False)
@@ -227,6 +238,8 @@ class GRPOTrainer:
         self.task_ids = list(dict.fromkeys(info.task_id for info in infos))
         self.init_pools = self._init_state_pools()
         self.engine = RolloutEngine(self.policy, self.envs, RolloutConfig(g.execute_steps, g.temperature, g.seed))
+        if resume_from is not None:
+            self._load_training_state(resume_from)
 
     def _make_envs(self):
         from envs.factory import env_factory, env_pool
@@ -408,12 +421,15 @@ class GRPOTrainer:
     def update(self, batch: StepBatch, samples: list[tuple[int, int, float]]) -> dict:
         """PPO-clip over minibatches of the global sample list. Each process computes the summed
         token loss of the samples it holds, divided by the minibatch's token count; summing the
-        gradients over processes gives exactly the single-process minibatch gradient."""
+        gradients over processes gives exactly the single-process minibatch gradient. A sharded
+        policy's backward is a collective, so a process holding none of a minibatch backpropagates
+        one of its samples at weight zero."""
         g = self.recipe.grpo
         rng = np.random.default_rng([g.seed, self.step, 3_000_003])
         n_tokens = self.policy.config.num_action_tokens
         sums: dict[str, float] = {}
         grad_norms = []
+        idle = self._idle_sample(batch) if self.sharded else None
         for _ in range(g.inner_epochs):
             order = rng.permutation(len(samples))
             for start in range(0, len(order), g.minibatch_size):
@@ -424,13 +440,24 @@ class GRPOTrainer:
                 if own:
                     for key, value in self._minibatch_loss(own, scale).items():
                         sums[key] = sums.get(key, 0.0) + value
-                self.dist.sum_gradients(self.trainable)
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.trainable, g.grad_clip)))
+                elif idle is not None:
+                    self._minibatch_loss([idle], 0.0)
+                if not self.sharded:  # FSDP reduced the gradients in backward
+                    self.dist.sum_gradients(self.trainable)
+                grad_norms.append(clip_gradients(self.trainable, g.grad_clip))
                 self.optimizer.step()
         total = {k: sum(part.get(k, 0.0) for part in self.dist.gather(sums)) for k in
                  ("loss", "entropy", "approx_kl", "clip_low", "clip_high", "tokens")}
         tokens = max(total.pop("tokens"), 1.0)
         return {**{k: v / tokens for k, v in total.items()}, "grad_norm": float(np.mean(grad_norms))}
+
+    def _idle_sample(self, batch: StepBatch) -> tuple:
+        """Any (trajectory, query, advantage) this process holds, for zero-weight backward passes."""
+        held = [k for k in batch.local() if batch.num_queries[k]]
+        if not held:
+            raise RuntimeError(f"process {self.dist.rank} holds no rollout with a policy query at step "
+                               f"{self.step + 1}; a sharded (fsdp) update needs one per process")
+        return batch.trajectories[held[0]], 0, 0.0
 
     def _minibatch_loss(self, own: list[tuple], scale: float) -> dict:
         """Backpropagate `scale` × the summed per-token loss of these (trajectory, query, advantage) samples."""
@@ -462,7 +489,8 @@ class GRPOTrainer:
         g = self.recipe.grpo
         self.policy.eval()
         t0 = time.perf_counter()
-        batch = self.rollouts()
+        with full_parameters(self.policy):
+            batch = self.rollouts()
         t1 = time.perf_counter()
         inputs = self.world_model_inputs(batch)
         scores = self.score(batch, inputs)
@@ -492,29 +520,34 @@ class GRPOTrainer:
         return record
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "counters": dict(self.counters), "optimizer": self.optimizer.state_dict(),
+        """Everything but the weights (the optimiser's full state: a collective when sharded)."""
+        return {"step": self.step, "counters": dict(self.counters),
+                "optimizer": optimizer_state(self.policy, self.optimizer),
                 "debiaser": self.debiaser.state_dict(), "weighter": self.weighter.state_dict(),
                 "wm_trainer": self.wm_trainer.state_dict() if self.wm_trainer else None,
                 "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
 
     def save(self) -> Path:
-        with atomic_directory(self.out / "checkpoints" / f"step_{self.step:07d}") as tmp:
-            write_policy(self.policy, tmp)
+        """Every process calls it (gathering sharded state is a collective); rank 0 writes."""
+        directory = self.out / "checkpoints" / f"step_{self.step:07d}"
+        weights, state = policy_weights(self.policy), self.state_dict()
+        if not self.dist.is_main:
+            return directory
+        with atomic_directory(directory) as tmp:
+            write_policy(self.policy, tmp, weights=weights)
             if isinstance(self.world_model, torch.nn.Module):
                 (tmp / "world_model").mkdir()
                 self.world_model.save(tmp / "world_model")
-            torch.save(self.state_dict(), tmp / "training_state.pt")
-        return self.out / "checkpoints" / f"step_{self.step:07d}"
+            torch.save(state, tmp / "training_state.pt")
+        return directory
 
-    def resume(self, directory: Path) -> None:
-        from safetensors.torch import load_model
-
-        load_model(self.policy, str(directory / "model.safetensors"), strict=True)
+    def _load_training_state(self, directory: Path) -> None:
+        """All but the policy's weights, which `__init__` loads before sharding."""
         if isinstance(self.world_model, torch.nn.Module):
             load_model(self.world_model, str(directory / "world_model" / "model.safetensors"), strict=True)
         state = torch.load(directory / "training_state.pt", weights_only=False)
         self.step, self.counters = state["step"], state["counters"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         self.debiaser.load_state_dict(state["debiaser"])
         self.weighter.load_state_dict(state["weighter"])
         if self.wm_trainer is not None and state["wm_trainer"] is not None:
@@ -530,16 +563,13 @@ def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
     """Train; under `torchrun` every process runs a share of the rollouts and only rank 0 writes."""
     g, out = recipe.grpo, Path(recipe.out)
     random.seed(g.seed), np.random.seed(g.seed), torch.manual_seed(g.seed)
-    trainer = GRPOTrainer(recipe, envs, progress)
+    trainer = GRPOTrainer(recipe, envs, progress, latest_checkpoint(out) if recipe.resume else None)
     main_process = trainer.dist.is_main
     log = None
     try:
         if main_process:
             out.mkdir(parents=True, exist_ok=True)
             (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, default=str))
-        resume_from = latest_checkpoint(out) if recipe.resume else None
-        if resume_from is not None:
-            trainer.resume(resume_from)
         log = MetricsLog(out, "grpo", trainer.step) if main_process else None
         history = list(log.history) if log else []
         for _ in tqdm(range(trainer.step, g.steps), desc="grpo", disable=not trainer.progress, initial=trainer.step,
@@ -549,8 +579,7 @@ def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
                 log.write(record)
             history.append(record)
             if trainer.step % g.save_every == 0 or trainer.step == g.steps:
-                if main_process:
-                    trainer.save()
+                trainer.save()
                 trainer.dist.barrier()
         return {"history": history, "checkpoint": str(latest_checkpoint(out)), "trainer": trainer}
     finally:

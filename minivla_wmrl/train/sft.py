@@ -26,6 +26,8 @@ from minivla_wmrl.config import load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import DemoDataset, collate, read_episodes
 from minivla_wmrl.distributed import init_distributed
+from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
+                               shard_policy)
 from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.policy import MiniVLA, preset
 from minivla_wmrl.policy.checkpoint import load_policy, write_policy
@@ -56,6 +58,7 @@ class PolicySetup:
     freeze_vision: bool = False
     device: str = "cpu"
     dtype: str = "float32"  # "bfloat16": autocast on CUDA
+    fsdp: bool = False  # under torchrun: shard parameters, gradients and optimiser state (FSDP2), not a copy per process (DDP)
 
 
 @dataclass
@@ -153,7 +156,8 @@ def step_metrics(policy: MiniVLA, batch: dict, autocast, model: torch.nn.Module 
 
 def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     """Train; under `torchrun` every process trains its shard of each global batch (`sft.batch_size`)
-    with DDP-averaged gradients, and only rank 0 writes logs and checkpoints."""
+    with gradients averaged over processes (DDP, or FSDP with `policy.fsdp`), and only rank 0 writes
+    logs and checkpoints."""
     c, out = recipe.sft, Path(recipe.out)
     dist = init_distributed(recipe.policy.device)
     recipe.policy.device = dist.device(recipe.policy.device)
@@ -194,13 +198,16 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     setup = recipe.policy
     policy.configure_training(setup.lora, setup.lora_r, setup.lora_alpha, setup.freeze_vision)
     policy.train()
+    sharded = setup.fsdp and dist.enabled
+    if sharded:
+        shard_policy(policy)
 
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=c.lr, weight_decay=c.weight_decay)
     start_step = 0
     if resume_from is not None:
         state = torch.load(resume_from / "training_state.pt", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(policy, optimizer, state["optimizer"])
         torch.set_rng_state(state["torch_rng"]), np.random.set_state(state["numpy_rng"]), random.setstate(state["python_rng"])
         start_step = state["step"]
 
@@ -223,12 +230,16 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     history, last = [], {}
 
     def save(step: int) -> None:
+        """Every process calls it (gathering sharded state is a collective); rank 0 writes."""
+        weights, optimizer_full = policy_weights(policy), optimizer_state(policy, optimizer)
+        if not dist.is_main:
+            return
         with atomic_directory(out / "checkpoints" / f"step_{step:07d}") as tmp:
-            write_policy(policy, tmp, recipe.data.dataset_name)
-            torch.save({"optimizer": optimizer.state_dict(), "step": step, "torch_rng": torch.get_rng_state(),
+            write_policy(policy, tmp, recipe.data.dataset_name, weights)
+            torch.save({"optimizer": optimizer_full, "step": step, "torch_rng": torch.get_rng_state(),
                         "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}, tmp / "training_state.pt")
 
-    model = dist.wrap(policy)
+    model = policy if sharded else dist.wrap(policy)
     log = MetricsLog(out, "sft", start_step) if dist.is_main else None
     try:
         for step in tqdm(range(start_step + 1, c.steps + 1), desc="sft", disable=not progress,
@@ -239,19 +250,20 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
                 (loss / c.grad_accum).backward()
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + v / c.grad_accum
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, c.grad_clip)
+            grad_norm = clip_gradients(trainable, c.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            record = {"step": step, **dist.mean(totals), "grad_norm": float(grad_norm), "lr": c.lr}
-            if dist.is_main and val_set is not None and (step % c.eval_every == 0 or step == c.steps):
-                record.update(validate(policy, val_set, c, autocast))
+            record = {"step": step, **dist.mean(totals), "grad_norm": grad_norm, "lr": c.lr}
+            if val_set is not None and (step % c.eval_every == 0 or step == c.steps):
+                with full_parameters(policy):  # rank 0 alone runs forward passes
+                    if dist.is_main:
+                        record.update(validate(policy, val_set, c, autocast))
             if log is not None and (step % c.log_every == 0 or step == c.steps or "val_loss" in record):
                 log.write(record)
             history.append(record)
             last = record
             if step % c.save_every == 0 or step == c.steps:
-                if dist.is_main:
-                    save(step)
+                save(step)
                 dist.barrier()
     finally:
         if log is not None:
