@@ -13,8 +13,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered to rank 0, on the CPU
@@ -32,9 +34,10 @@ def shard_units(policy) -> list[torch.nn.Module]:
 def shard_policy(policy, sum_gradients: bool = False) -> None:
     """Shard `policy` in place (call before building its optimiser). Gradients are averaged over
     processes like DDP's, or summed when each process already scales its loss by the global count."""
+    mesh = init_device_mesh(policy.device.type, (dist.get_world_size(),))  # where the policy is, not FSDP's guess
     for unit in shard_units(policy):
-        fully_shard(unit)
-    fully_shard(policy)
+        fully_shard(unit, mesh=mesh)
+    fully_shard(policy, mesh=mesh)
     register_fsdp_forward_method(policy, "generate")  # forward() is hooked already; generate reads the root's weights
     if sum_gradients:
         for module in sharded_modules(policy):
@@ -83,7 +86,14 @@ def optimizer_state(policy, optimizer: torch.optim.Optimizer) -> dict:
 
 def load_optimizer_state(policy, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load a state from `optimizer_state`, taking this process's shard of each tensor. Parameters
-    that never had a gradient (the ViTs' unused last blocks) have no saved state: not strict."""
+    that never had a gradient (the ViTs' unused last blocks) have no saved state: not strict.
+    Also reads the older `optimizer.state_dict()` form (keyed by position) into an unsharded policy."""
+    if state["state"] and all(isinstance(key, int) for key in state["state"]):
+        if is_sharded(policy):
+            raise ValueError("this checkpoint's optimiser state is keyed by position (written before FSDP support); "
+                             "resume it once without policy.fsdp to rewrite it")
+        optimizer.load_state_dict(state)
+        return
     set_optimizer_state_dict(policy, optimizer, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
 

@@ -58,3 +58,30 @@ def test_a_sharded_policy_generates_like_the_full_one_and_saves_full_weights(tmp
     assert loaded.state_dict().keys() == expected.keys()
     for name, tensor in loaded.state_dict().items():
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
+
+
+def test_optimizer_state_is_keyed_by_name_and_older_positional_states_still_load():
+    from minivla_wmrl.fsdp import load_optimizer_state, optimizer_state
+
+    def trained():
+        policy = make_policy(seed=3)
+        policy.configure_training(lora=True, lora_r=4, lora_alpha=8)
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-3)
+        policy.score(images(policy), INSTRUCTIONS, torch.full((3, 7), policy.vocab_len - 1), 1.0)[0].sum().backward()
+        optimizer.step()
+        policy.zero_grad(set_to_none=True)
+        return policy, optimizer
+
+    policy, optimizer = trained()
+    expected = optimizer.state_dict()["state"]
+    for state in (optimizer_state(policy, optimizer), optimizer.state_dict()):
+        fresh, new_optimizer = trained()
+        new_optimizer.state.clear()
+        load_optimizer_state(fresh, new_optimizer, state)
+        loaded = new_optimizer.state_dict()["state"]
+        assert loaded.keys() >= expected.keys()
+        for index, moments in expected.items():
+            torch.testing.assert_close(loaded[index]["exp_avg_sq"], moments["exp_avg_sq"], rtol=0, atol=0)
+        for index in loaded.keys() - expected.keys():  # never had a gradient (the ViTs' last blocks): zero moments
+            assert not loaded[index]["exp_avg"].any() and not loaded[index]["exp_avg_sq"].any()
+    assert all(isinstance(key, str) for key in optimizer_state(policy, optimizer)["state"])

@@ -121,7 +121,8 @@ def test_bad_settings_and_a_nan_world_model_are_refused(envs, checkpoints, tmp_p
 def test_two_process_grpo_matches_one_process(checkpoints, tmp_path):
     """Under torchrun each process runs half the rollouts; gathered outcomes and summed gradients
     give the single-process run's parameters and metrics, with a full copy per process and with
-    the policy sharded (FSDP). Minibatches of one sample: in each, one process holds no sample."""
+    the policy sharded (FSDP). Minibatches of one sample: in each, one process holds no sample. The
+    vision backbone trains, so the KL term reads a separate reference model (sharded too under FSDP)."""
     from safetensors.torch import load_file
 
     policy, _ = checkpoints
@@ -132,7 +133,8 @@ def test_two_process_grpo_matches_one_process(checkpoints, tmp_path):
         path = tmp_path / f"{name}.yaml"
         path.write_text(json.dumps({
             "out": str(out),
-            "policy": {"checkpoint": str(policy), "lora": True, "lora_r": 4, "lora_alpha": 8, "fsdp": fsdp},
+            "policy": {"checkpoint": str(policy), "lora": True, "lora_r": 4, "lora_alpha": 8, "freeze_vision": False,
+                       "fsdp": fsdp},
             "env": {"suite": "libero_90", "tasks": ["0"], "envs_per_task": 1, "train_init_states": 3},
             # a scorer whose value does not depend on batch composition: an untrained network's
             # near-constant scores would make z-scored advantages amplify float noise
@@ -140,7 +142,7 @@ def test_two_process_grpo_matches_one_process(checkpoints, tmp_path):
             "debias": {"min_pairs": 4, "refit_every": 2},
             "grpo": {"steps": 2, "rollouts_per_task": 4, "init_states_per_step": 2, "max_real_steps": EPISODE_STEPS,
                      "minibatch_size": 1, "queries_per_rollout": 2, "inner_epochs": 2, "wm_cotrain": False,
-                     "reward_mode": "dense_calib", "save_every": 2}}))
+                     "reward_mode": "dense_calib", "kl_coef": 0.04, "save_every": 2}}))
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                         str(processes), "-m", "minivla_wmrl.cli", "grpo", str(path)], check=True, env=env,
                        capture_output=True)

@@ -216,6 +216,8 @@ class GRPOTrainer:
         self.reference = None
         if g.kl_coef > 0 and not (p.lora and p.freeze_vision):  # else: the model with its adapters disabled
             self.reference = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype).requires_grad_(False)
+            if self.sharded:  # its forward passes run in the update, in step on every process
+                shard_policy(self.reference)
         self.trainable = [q for q in self.policy.parameters() if q.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=g.lr, weight_decay=g.weight_decay)
 
@@ -239,7 +241,11 @@ class GRPOTrainer:
         self.init_pools = self._init_state_pools()
         self.engine = RolloutEngine(self.policy, self.envs, RolloutConfig(g.execute_steps, g.temperature, g.seed))
         if resume_from is not None:
-            self._load_training_state(resume_from)
+            try:
+                self._load_training_state(resume_from)
+            except BaseException:
+                self.close()
+                raise
 
     def _make_envs(self):
         from envs.factory import env_factory, env_pool
@@ -423,13 +429,13 @@ class GRPOTrainer:
         token loss of the samples it holds, divided by the minibatch's token count; summing the
         gradients over processes gives exactly the single-process minibatch gradient. A sharded
         policy's backward is a collective, so a process holding none of a minibatch backpropagates
-        one of its samples at weight zero."""
+        a blank sample at weight zero."""
         g = self.recipe.grpo
         rng = np.random.default_rng([g.seed, self.step, 3_000_003])
         n_tokens = self.policy.config.num_action_tokens
         sums: dict[str, float] = {}
         grad_norms = []
-        idle = self._idle_sample(batch) if self.sharded else None
+        idle = self._blank_sample() if self.sharded else None
         for _ in range(g.inner_epochs):
             order = rng.permutation(len(samples))
             for start in range(0, len(order), g.minibatch_size):
@@ -451,13 +457,14 @@ class GRPOTrainer:
         tokens = max(total.pop("tokens"), 1.0)
         return {**{k: v / tokens for k, v in total.items()}, "grad_norm": float(np.mean(grad_norms))}
 
-    def _idle_sample(self, batch: StepBatch) -> tuple:
-        """Any (trajectory, query, advantage) this process holds, for zero-weight backward passes."""
-        held = [k for k in batch.local() if batch.num_queries[k]]
-        if not held:
-            raise RuntimeError(f"process {self.dist.rank} holds no rollout with a policy query at step "
-                               f"{self.step + 1}; a sharded (fsdp) update needs one per process")
-        return batch.trajectories[held[0]], 0, 0.0
+    def _blank_sample(self) -> tuple[Trajectory, int, float]:
+        """A (trajectory, query, advantage) of blank images, for zero-weight backward passes."""
+        c = self.policy.config
+        image = (c.image_size, c.image_size, 3) if c.num_images == 1 else (c.num_images, c.image_size, c.image_size, 3)
+        tokens = np.full((1, c.num_action_tokens), self.policy.vocab_len - 1)  # VQ code 0's token
+        blank = Trajectory(EpisodeSpec("blank", 0), "", False, 0, None, None, np.zeros((1, *image), np.uint8), None,
+                           tokens, np.zeros(tokens.shape, np.float32), np.zeros(1, np.int64), np.zeros(1, np.int64))
+        return blank, 0, 0.0
 
     def _minibatch_loss(self, own: list[tuple], scale: float) -> dict:
         """Backpropagate `scale` × the summed per-token loss of these (trajectory, query, advantage) samples."""
@@ -545,7 +552,7 @@ class GRPOTrainer:
         """All but the policy's weights, which `__init__` loads before sharding."""
         if isinstance(self.world_model, torch.nn.Module):
             load_model(self.world_model, str(directory / "world_model" / "model.safetensors"), strict=True)
-        state = torch.load(directory / "training_state.pt", weights_only=False)
+        state = torch.load(directory / "training_state.pt", weights_only=False, mmap=True)  # one copy per host
         self.step, self.counters = state["step"], state["counters"]
         load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         self.debiaser.load_state_dict(state["debiaser"])

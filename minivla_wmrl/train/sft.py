@@ -206,7 +206,7 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     optimizer = torch.optim.AdamW(trainable, lr=c.lr, weight_decay=c.weight_decay)
     start_step = 0
     if resume_from is not None:
-        state = torch.load(resume_from / "training_state.pt", weights_only=False)
+        state = torch.load(resume_from / "training_state.pt", weights_only=False, mmap=True)  # one copy per host
         load_optimizer_state(policy, optimizer, state["optimizer"])
         torch.set_rng_state(state["torch_rng"]), np.random.set_state(state["numpy_rng"]), random.setstate(state["python_rng"])
         start_step = state["step"]
