@@ -17,6 +17,14 @@ def _main_of(module: str):
     return run
 
 
+def _add_recipe_command(commands, name: str, help: str, sections: str, example: str, module: str) -> None:
+    """A subcommand that trains from a YAML recipe plus `section.key=value` overrides."""
+    command = commands.add_parser(name, help=help)
+    command.add_argument("recipe", help=f"YAML recipe (sections: {sections})")
+    command.add_argument("overrides", nargs="*", help=f"section.key=value overrides, e.g. {example}")
+    command.set_defaults(run=_main_of(module))
+
+
 def _assets(args) -> None:
     from pathlib import Path
 
@@ -75,10 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     vq.add_argument("--dataset-name", default="libero", help="key in dataset_statistics.json")
     vq.set_defaults(run=_main_of("minivla_wmrl.train.vq"))
 
-    sft = commands.add_parser("sft", help="supervised fine-tuning of the policy on demonstrations")
-    sft.add_argument("recipe", help="YAML recipe (sections: data, policy, vq, sft; plus out, resume)")
-    sft.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. sft.lr=1e-4")
-    sft.set_defaults(run=_main_of("minivla_wmrl.train.sft"))
+    _add_recipe_command(commands, "sft", "supervised fine-tuning of the policy on demonstrations",
+                        "data, policy, vq, sft; plus out, resume", "sft.lr=1e-4", "minivla_wmrl.train.sft")
 
     evaluation = commands.add_parser("eval", help="evaluate a checkpoint with the standard LIBERO protocol")
     evaluation.add_argument("--checkpoint", required=True, help="policy checkpoint directory")
@@ -102,15 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
     evaluation.set_defaults(run=_main_of("minivla_wmrl.evaluate"))
 
-    wm = commands.add_parser("wm", help="train the progress/success world model on demos and labelled rollouts")
-    wm.add_argument("recipe", help="YAML recipe (sections: data, collect, model, train; plus out, resume)")
-    wm.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.steps=500")
-    wm.set_defaults(run=_main_of("minivla_wmrl.train.wm"))
-
-    grpo = commands.add_parser("grpo", help="WMRL GRPO: RL with world-model rewards corrected by real-simulator checks")
-    grpo.add_argument("recipe", help="YAML recipe (sections: policy, env, world_model, grpo, debias, denoise)")
-    grpo.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. grpo.reward_mode=sparse")
-    grpo.set_defaults(run=_main_of("minivla_wmrl.train.grpo"))
+    _add_recipe_command(commands, "wm", "train the progress/success world model on demos and labelled rollouts",
+                        "data, collect, model, train; plus out, resume", "train.steps=500", "minivla_wmrl.train.wm")
+    _add_recipe_command(commands, "grpo", "WMRL GRPO: RL with world-model rewards corrected by real-simulator checks",
+                        "policy, env, world_model, grpo, debias, denoise", "grpo.reward_mode=sparse",
+                        "minivla_wmrl.train.grpo")
 
     run = commands.add_parser("run", help="run a whole recipe: demos, vq, sft, wm, grpo, eval")
     run.add_argument("recipe", help="pipeline recipe, e.g. recipes/libero_90.yaml or recipes/demo.yaml")
