@@ -28,7 +28,12 @@ def env_factory(suite: str, task: str | int, cameras=("agentview",), image_conve
 
 
 def env_pool(factories, backend: str = "local", address: str | None = None):
-    """The pool that runs the envs: `local` worker processes (`VectorEnv`) or Ray actors (`RayVectorEnv`)."""
+    """The pool that runs the envs: `local` worker processes (`VectorEnv`), Ray actors
+    (`RayVectorEnv`), or `inline` in this process (`InlineEnvs`, for cheap envs)."""
+    if backend == "inline":
+        from envs.vector_env import InlineEnvs
+
+        return InlineEnvs(factories)
     if backend == "local":
         from envs.vector_env import VectorEnv
 
@@ -37,4 +42,4 @@ def env_pool(factories, backend: str = "local", address: str | None = None):
         from envs.ray_env import RayVectorEnv
 
         return RayVectorEnv(factories, address=address)
-    raise ValueError(f"unknown rollout backend {backend!r}; expected 'local' or 'ray'")
+    raise ValueError(f"unknown rollout backend {backend!r}; expected 'local', 'ray' or 'inline'")

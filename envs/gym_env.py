@@ -14,8 +14,12 @@ from envs.gl import prepare_gl
 
 
 def register_known_packages() -> None:
+    """gymnasium-robotics' envs (when installed) and our PointReach learning-check env."""
     import gymnasium as gym
 
+    from envs.point_reach import register
+
+    register()
     try:
         import gymnasium_robotics
 

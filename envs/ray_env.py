@@ -103,9 +103,3 @@ class RayVectorEnv(EnvPool):
         for actor in self._actors:
             self._ray.kill(actor, no_restart=True)
         self._actors = []
-
-    def __enter__(self) -> RayVectorEnv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -129,6 +129,48 @@ class EnvPool:
         if len(items) != self.num_envs:
             raise ValueError(f"got {len(items)} entries for {self.num_envs} envs; pass None for envs to leave alone")
 
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+
+class InlineEnvs(EnvPool):
+    """The envs in this process, stepped one after another: for envs so cheap (pure-Python toys,
+    learning checks) that worker processes would cost more than they save. An exception inside an
+    env is reported as for workers; there is no worker to lose."""
+
+    def __init__(self, factories: Sequence[EnvFactory]):
+        if not factories:
+            raise ValueError("InlineEnvs needs at least one env factory")
+        self.envs = [factory() for factory in factories]
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
+    @property
+    def infos(self) -> list[EnvInfo]:
+        return [EnvInfo.of(env) for env in self.envs]
+
+    def _run(self, command: str, args_per_env: dict[int, tuple]) -> dict[int, Any]:
+        results: dict[int, Any] = {}
+        for i, args in args_per_env.items():
+            try:
+                results[i] = getattr(self.envs[i], command)(*args)
+            except Exception:  # noqa: BLE001 - the episode fails, the env lives on
+                error = traceback.format_exc()
+                results[i] = EnvFailure(f"exception in env: {error.strip().splitlines()[-1]}\n{error}")
+        return results
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
 
 
 class VectorEnv(EnvPool):
@@ -244,9 +286,3 @@ class VectorEnv(EnvPool):
         for worker in self._workers:
             worker.process.join(timeout=10)
             worker.kill()
-
-    def __enter__(self) -> VectorEnv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

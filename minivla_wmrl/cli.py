@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--execute-steps", type=int, default=1,
                             help="actions per query: 1 = MiniVLA protocol, 8 = OpenVLA-OFT")
     evaluation.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the protocol)")
+    evaluation.add_argument("--samples-per-state", type=int, default=1,
+                            help="K > 1 (with --temperature > 0): each init state K times; reports avg, best@K, all@K")
     evaluation.add_argument("--seed", type=int, default=0)
     evaluation.add_argument("--max-steps", type=int, help="override the suite's protocol step cap")
     evaluation.add_argument("--image-convention", default="minivla", choices=["minivla", "openvla"])
@@ -107,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--backend", default="local", choices=["local", "ray"], help="simulator workers")
     evaluation.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
     evaluation.set_defaults(run=_main_of("minivla_wmrl.evaluate"))
+
+    comparison = commands.add_parser("compare", help="paired comparison of evaluations (the first against each other)")
+    comparison.add_argument("evaluations", nargs="+", help="evaluation directories written by eval (2 or more)")
+    comparison.add_argument("--json", help="also write the rows as JSON here")
+    comparison.set_defaults(run=_main_of("minivla_wmrl.compare"))
 
     _add_recipe_command(commands, "wm", "train the progress/success world model on demos and labelled rollouts",
                         "data, collect, model, train; plus out, resume", "train.steps=500", "minivla_wmrl.train.wm")
@@ -121,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="validate the recipe and build every component on the meta device; list user inputs")
     run.set_defaults(run=_main_of("minivla_wmrl.pipeline"))
+
+    ablate = commands.add_parser("ablate", help="GRPO arms x seeds from one SFT checkpoint, evaluated on held-out states")
+    ablate.add_argument("recipe", help="pipeline recipe with an ablation: section, e.g. recipes/rl_cpu.yaml")
+    ablate.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. ablation.seeds=[0,1]")
+    ablate.add_argument("--parallel", type=int, default=1, help="(arm, seed) cells run at once (each its own envs)")
+    ablate.set_defaults(run=_main_of("minivla_wmrl.ablation"))
 
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")

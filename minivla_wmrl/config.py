@@ -35,6 +35,8 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return value
+    if dataclasses.is_dataclass(hint):  # e.g. the items of a list[Arm]
+        return config_from_dict(hint, value, where)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         for option in args:
             try:

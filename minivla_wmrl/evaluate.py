@@ -2,9 +2,12 @@
 
 Trial i of a task starts from the task's published init state i, after 10 wait steps, and runs
 until the first success or the suite's step cap; an exception or crashed worker counts as a
-failure. Results go to `OUT/`: `episodes.jsonl` (one line per finished (task, trial), appended
-as episodes finish, which is what makes an interrupted evaluation resume without re-running
-anything), `eval_info.json` and `eval_table.md` (per task, per suite, overall, with every setting
+failure. WMRL's protocol is an option: `samples_per_state` K > 1 with a temperature runs each init
+state K times with sampling and reports `avg`, `best_at_k` (at least one success of K) and
+`all_at_k` (all K succeed) besides the per-episode success. Results go to `OUT/`: `episodes.jsonl`
+(one line per finished (task, trial, sample), appended as episodes finish, which is what makes an
+interrupted evaluation resume without re-running anything), `eval_info.json` and `eval_table.md`
+(per task, per suite, overall, each rate with its count and 95% Wilson interval, and every setting
 that changes results), and `videos/` (one mp4 per episode, or a chosen sample).
 """
 
@@ -25,10 +28,12 @@ from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_s
 from minivla_wmrl.init_states import evaluation_init_states
 from minivla_wmrl.policy.checkpoint import load_policy
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
+from minivla_wmrl.statistics import rate
 from minivla_wmrl.video import write_episode_video
 
 VIDEO_CHOICES = ("all", "failures", "successes", "none")
 CONTROL_HZ = 20
+SAMPLE_SEED_STRIDE = 1_000_000  # sample k of trial i samples with episode seed i + k × stride (k = 0: seed i)
 
 
 @dataclass
@@ -42,6 +47,7 @@ class EvalConfig:
     envs: int = 2  # parallel simulator workers (~2.4 GB RAM each)
     execute_steps: int = 1  # 1: MiniVLA's protocol (re-query every step); 8: OpenVLA-OFT's
     temperature: float = 0.0  # 0: greedy, the protocol's
+    samples_per_state: int = 1  # K > 1 (needs temperature > 0): WMRL's avg / best@K / all@K protocol
     seed: int = 0  # fixture placement seed (the protocol's env.seed(0)) and sampling seed
     max_steps: int | None = None  # None: the suite's protocol cap
     image_convention: str = "minivla"  # must match the checkpoint's training data
@@ -75,6 +81,7 @@ def settings(config: EvalConfig, tasks: list[int]) -> dict:
         "suite": config.suite, "tasks": tasks, "trials": config.trials, "first_trial": config.first_trial,
         "seed": config.seed,
         "sampling": "greedy" if config.temperature == 0 else f"temperature {config.temperature}",
+        "samples_per_state": config.samples_per_state,
         "execute_steps": config.execute_steps, "max_steps": max_steps,
         "protocol_max_steps": max_steps == protocol_cap, "num_wait_steps": 10 if protocol_cap else 0,
         "image_convention": convention.name, "resolution": convention.resolution, "image_transform": convention.transform,
@@ -97,16 +104,16 @@ def _check_policy(policy, checkpoint: str, env_action_dim: int | None) -> None:
                          f"dims but its action tokenizer {tokenizer.action_dim}")
 
 
-def read_episodes(path: Path) -> dict[tuple[int, int], dict]:
-    """Finished episodes by (task, trial); a line cut off by a kill is ignored, duplicates keep the first."""
-    records: dict[tuple[int, int], dict] = {}
+def read_episodes(path: Path) -> dict[tuple, dict]:
+    """Finished episodes by (task, trial, sample); a line cut off by a kill is ignored, duplicates keep the first."""
+    records: dict[tuple, dict] = {}
     if path.exists():
         for line in path.read_text().splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            records.setdefault((record["task"], record["trial"]), record)
+            records.setdefault((record["task"], record["trial"], record.get("sample", 0)), record)
     return records
 
 
@@ -122,36 +129,63 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def summarize(records: dict[tuple[int, int], dict], names: dict[int, tuple[str, str]], run_settings: dict) -> dict:
+def success_rates(episodes: list[dict], samples_per_state: int) -> dict:
+    """Per-episode success with its Wilson interval; with K samples per state also `avg` (the
+    same per-episode rate), `best_at_k` and `all_at_k` over the states with all K samples done."""
+    result = rate(sum(r["success"] for r in episodes), len(episodes))
+    if samples_per_state > 1:
+        by_state: dict = {}
+        for r in episodes:
+            by_state.setdefault((r["task"], r["trial"]), []).append(r["success"])
+        complete = [s for s in by_state.values() if len(s) == samples_per_state]
+        result.update(avg=result["success_rate"], states=len(complete),
+                      best_at_k=rate(sum(any(s) for s in complete), len(complete)),
+                      all_at_k=rate(sum(all(s) for s in complete), len(complete)))
+    return result
+
+
+def summarize(records: dict[tuple, dict], names: dict[int, tuple[str, str]], run_settings: dict) -> dict:
+    k = run_settings["samples_per_state"]
     per_task = []
     for task in run_settings["tasks"]:
-        episodes = sorted((r for (t, _), r in records.items() if t == task), key=lambda r: r["trial"])
-        successes = sum(r["success"] for r in episodes)
+        episodes = sorted((r for key, r in records.items() if key[0] == task),
+                          key=lambda r: (r["trial"], r.get("sample", 0)))
         per_task.append({"task": task, "name": names[task][0], "instruction": names[task][1],
-                         "successes": successes, "trials": len(episodes),
-                         "success_rate": successes / len(episodes) if episodes else None, "episodes": episodes})
-    successes, trials = sum(t["successes"] for t in per_task), sum(t["trials"] for t in per_task)
-    overall = {"successes": successes, "trials": trials, "success_rate": successes / trials if trials else None}
+                         **success_rates(episodes, k), "episodes": episodes})
+    overall = success_rates([e for t in per_task for e in t["episodes"]], k)
     return {"per_task": per_task, "per_suite": {run_settings["suite"]: overall}, "overall": overall,
-            "complete": trials == len(run_settings["tasks"]) * run_settings["trials"], "settings": run_settings}
+            "complete": overall["trials"] == len(run_settings["tasks"]) * run_settings["trials"] * k,
+            "settings": run_settings}
+
+
+def format_rate(r: dict) -> str:
+    """`12/30 = 40.0% [24.6, 57.7]`: count, rate and 95% Wilson interval."""
+    if not r["trials"]:
+        return "-"
+    low, high = r["ci95"]
+    return f"{r['successes']}/{r['trials']} = {100 * r['success_rate']:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
 def markdown_table(info: dict) -> str:
-    s = info["settings"]
-    lines = [f"# {s['suite']}: {info['overall']['successes']}/{info['overall']['trials']} = "
-             f"{100 * (info['overall']['success_rate'] or 0):.1f}%", "",
-             f"{s['sampling']}, execute_steps {s['execute_steps']}, max_steps {s['max_steps']}, "
-             f"{s['image_convention']} {s['resolution']} px, seed {s['seed']}, {s['device']}", "",
-             "| task | instruction | success | rate |", "|---|---|---|---|"]
-    for t in info["per_task"]:
-        rate = "-" if t["success_rate"] is None else f"{100 * t['success_rate']:.1f}%"
-        lines.append(f"| {t['task']} | {t['instruction']} | {t['successes']}/{t['trials']} | {rate} |")
+    s, k = info["settings"], info["settings"]["samples_per_state"]
+    sampled = k > 1
+    header = "| task | instruction | success (95% Wilson) |" + (f" best@{k} | all@{k} |" if sampled else "")
+    lines = [f"# {s['suite']}: {format_rate(info['overall'])}", "",
+             f"{s['sampling']}, {k} sample(s) per init state, execute_steps {s['execute_steps']}, "
+             f"max_steps {s['max_steps']}, {s['image_convention']} {s['resolution']} px, seed {s['seed']}, {s['device']}",
+             "", header, "|---|---|---|" + ("---|---|" if sampled else "")]
+    for t in [*info["per_task"], {"task": "all", "instruction": "", **info["overall"]}]:
+        extra = f" {format_rate(t['best_at_k'])} | {format_rate(t['all_at_k'])} |" if sampled else ""
+        lines.append(f"| {t['task']} | {t['instruction']} | {format_rate(t)} |{extra}")
     return "\n".join(lines) + "\n"
 
 
 def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     if config.videos not in VIDEO_CHOICES:
         raise ValueError(f"videos must be one of {VIDEO_CHOICES}, got {config.videos!r}")
+    if config.samples_per_state < 1 or (config.samples_per_state > 1 and config.temperature <= 0):
+        raise ValueError(f"samples_per_state {config.samples_per_state}: expected 1, or K > 1 with a temperature > 0 "
+                         "(greedy samples would all be the same episode)")
     if config.image_convention not in IMAGE_CONVENTIONS:
         raise ValueError(f"unknown image_convention {config.image_convention!r}; expected one of {list(IMAGE_CONVENTIONS)}")
     if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
@@ -190,31 +224,33 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     cameras = ("agentview", "wrist")[:policy.config.num_images] if config.suite != GYM else None
     with open(episodes_path, "a") as log:
         for task in tasks:
-            todo = [i for i in trial_ids[task] if (task, i) not in records]
+            todo = [(i, k) for i in trial_ids[task] for k in range(config.samples_per_state)
+                    if (task, i, k) not in records]
             if not todo:
                 continue
-            videos_so_far = sum(1 for (t, _), r in records.items() if t == task and r.get("video"))
+            videos_so_far = sum(1 for key, r in records.items() if key[0] == task and r.get("video"))
             factory = env_factory(config.suite, task, cameras or (), config.image_convention, config.max_steps,
                                   config.seed, config.gym)
 
             def on_episode(trajectory: Trajectory, task=task) -> None:
                 nonlocal videos_so_far
-                trial = trajectory.spec.tag
-                record = {"task": task, "trial": trial, "init_state": trial, "success": trajectory.success,
-                          "length": trajectory.length, "success_step": trajectory.success_step,
-                          "failure": trajectory.failure, "video": None}
+                trial, sample = trajectory.spec.tag
+                record = {"task": task, "trial": trial, "sample": sample, "init_state": trial,
+                          "success": trajectory.success, "length": trajectory.length,
+                          "success_step": trajectory.success_step, "failure": trajectory.failure, "video": None}
                 if trajectory.num_queries and _wants_video(config, trajectory.success, videos_so_far):
-                    record["video"] = str(Path("videos") / f"task{str(task).zfill(3)}_trial{trial:02d}.mp4")
+                    name = f"task{str(task).zfill(3)}_trial{trial:02d}" + (f"_sample{sample}" if sample else "")
+                    record["video"] = str(Path("videos") / f"{name}.mp4")
                     _episode_video(out / record["video"], trajectory, f"task {task} trial {trial}", config.execute_steps)
                     videos_so_far += 1
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 os.fsync(log.fileno())
-                records[(task, trial)] = record
+                records[(task, trial, sample)] = record
 
             with env_pool([factory] * min(config.envs, len(todo)), config.backend, config.ray_address) as envs:
                 task_id = envs.infos[0].task_id
-                specs = [EpisodeSpec(task_id, i, seed=i, tag=i) for i in todo]
+                specs = [EpisodeSpec(task_id, i, seed=i + SAMPLE_SEED_STRIDE * k, tag=(i, k)) for i, k in todo]
                 RolloutEngine(policy, envs, rollout, cameras).run(specs, on_episode, progress,
                                                                   desc=f"{config.suite} task {task}")
     info = summarize(records, names, run_settings)
@@ -236,7 +272,8 @@ def _episode_video(path: Path, trajectory: Trajectory, title: str, execute_steps
 def main(args) -> None:
     config = EvalConfig(checkpoint=args.checkpoint, suite=args.suite, out=args.out, tasks=args.tasks or [],
                         trials=args.trials, first_trial=args.first_trial, envs=args.envs, execute_steps=args.execute_steps,
-                        temperature=args.temperature, seed=args.seed, max_steps=args.max_steps,
+                        temperature=args.temperature, samples_per_state=args.samples_per_state, seed=args.seed,
+                        max_steps=args.max_steps,
                         image_convention=args.image_convention, videos=args.videos,
                         videos_per_task=args.videos_per_task, device=args.device, dtype=args.dtype,
                         backend=args.backend, ray_address=args.ray_address)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from envs.factory import GYM
+from minivla_wmrl.ablation import AblationConfig
 from minivla_wmrl.config import load_recipe
 from minivla_wmrl.train.grpo import GRPORecipe
 from minivla_wmrl.train.sft import SFTRecipe
@@ -58,7 +59,10 @@ class VQStage:
 class EvalStage:
     trials: int = 50
     first_trial: int = 0
+    samples_per_state: int = 1  # K > 1 with temperature > 0: WMRL's avg / best@K / all@K protocol
+    temperature: float = 0.0  # 0: greedy (the protocol's)
     envs: int = 2
+    backend: str = "local"  # simulator workers: local processes, ray actors, or inline (cheap envs)
     execute_steps: int = 1
     max_steps: int | None = None
     videos: str = "all"
@@ -80,6 +84,7 @@ class PipelineRecipe:
     wm: WMRecipe = field(default_factory=WMRecipe)
     grpo: GRPORecipe = field(default_factory=GRPORecipe)
     eval: EvalStage = field(default_factory=EvalStage)
+    ablation: AblationConfig = field(default_factory=AblationConfig)  # `minivla-wmrl ablate` only
 
 
 class Pipeline:
@@ -136,7 +141,26 @@ class Pipeline:
 
     # -- stages ---------------------------------------------------------------------------------------
 
-    def run(self, stages=STAGES) -> dict:
+    def finished(self, stage: str) -> bool:
+        """Whether a stage's output is complete (its final artefact is written atomically, last)."""
+        done = {"demos": self.out / "demos" / "demos_report.json", "vq": self.out / "vq" / "action_tokenizer",
+                "sft": self.out / "sft" / "final", "wm": self.out / "wm" / "world_model"}
+        return stage in done and done[stage].exists()
+
+    def eval_config(self, checkpoint: Path, out: Path):
+        """The recipe's evaluation protocol for one checkpoint."""
+        from minivla_wmrl.evaluate import EvalConfig
+
+        e = self.r.eval
+        return EvalConfig(
+            checkpoint=str(checkpoint), suite=self.r.suite, out=str(out), tasks=list(self.r.tasks), trials=e.trials,
+            first_trial=e.first_trial, samples_per_state=e.samples_per_state, temperature=e.temperature, envs=e.envs,
+            execute_steps=e.execute_steps, max_steps=e.max_steps, image_convention=self.r.sft.data.image_convention,
+            videos=e.videos, videos_per_task=e.videos_per_task, device=self.r.sft.policy.device, gym=dict(self.r.gym),
+            backend=e.backend)
+
+    def run(self, stages=STAGES, skip_finished: bool = False) -> dict:
+        """Run `stages` in order; `skip_finished` keeps the outputs of stages already complete."""
         self.check_inputs()
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "pipeline_recipe.json").write_text(json.dumps(asdict(self.r), indent=2, default=str))
@@ -146,6 +170,9 @@ class Pipeline:
             if stage == "vq" and self.r.weights.vq_dir:
                 continue
             if stage == "demos" and not self.r.demos.generate:
+                continue
+            if skip_finished and self.finished(stage):
+                print(f"== stage {stage}: finished earlier, kept", flush=True)
                 continue
             print(f"== stage {stage}", flush=True)
             start = time.perf_counter()
@@ -207,38 +234,39 @@ class Pipeline:
         return {"checkpoint": result["checkpoint"], "last": result["history"][-1] if result["history"] else {}}
 
     def stage_eval(self) -> dict:
-        from minivla_wmrl.evaluate import EvalConfig, evaluate
+        from minivla_wmrl.compare import compare, comparison_table
+        from minivla_wmrl.evaluate import evaluate
         from minivla_wmrl.plots import plot_training_curves
         from minivla_wmrl.run_log import latest_checkpoint
 
-        e, infos = self.r.eval, {}
+        e, infos, directories = self.r.eval, {}, []
         for name in e.checkpoints:
             checkpoint = self.out / "sft" / "final" if name == "sft" else latest_checkpoint(self.out / name)
             if checkpoint is None or not Path(checkpoint).exists():
                 raise FileNotFoundError(f"no {name} checkpoint under {self.out / name}; run --stage {name} first")
             # one directory per checkpoint: a continued run's newer checkpoint gets its own evaluation
-            infos[name] = evaluate(EvalConfig(
-                checkpoint=str(checkpoint), suite=self.r.suite, out=str(self.out / "eval" / name / Path(checkpoint).name),
-                tasks=list(self.r.tasks),
-                trials=e.trials, first_trial=e.first_trial, envs=e.envs, execute_steps=e.execute_steps,
-                max_steps=e.max_steps, image_convention=self.r.sft.data.image_convention, videos=e.videos,
-                videos_per_task=e.videos_per_task, device=self.r.sft.policy.device, gym=dict(self.r.gym)))
+            directories.append(self.out / "eval" / name / Path(checkpoint).name)
+            infos[name] = evaluate(self.eval_config(checkpoint, directories[-1]))
         plot_training_curves(self.out, self.out / "plots" / "training_curves.png")
         table = success_table(infos)
+        if len(directories) > 1:  # each later checkpoint against the first, episode by episode
+            table += "\nPaired comparison (same init states and sampling seeds):\n\n" + comparison_table(compare(directories))
         (self.out / "eval" / "success_table.md").write_text(table)
         print(table)
         return infos
 
 
 def success_table(infos: dict[str, dict]) -> str:
+    """Success per task and overall for each evaluated checkpoint, with 95% Wilson intervals."""
+    from minivla_wmrl.evaluate import format_rate
+
     names = list(infos)
     first = next(iter(infos.values()))
     lines = ["| task | instruction | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for k, task in enumerate(first["per_task"]):
-        cells = [f"{infos[n]['per_task'][k]['successes']}/{infos[n]['per_task'][k]['trials']}" for n in names]
+        cells = [format_rate(infos[n]["per_task"][k]) for n in names]
         lines.append(f"| {task['task']} | {task['instruction']} | " + " | ".join(cells) + " |")
-    overall = [f"{100 * (infos[n]['overall']['success_rate'] or 0):.1f}%" for n in names]
-    lines.append("| all | | " + " | ".join(overall) + " |")
+    lines.append("| all | | " + " | ".join(format_rate(infos[n]["overall"]) for n in names) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -268,6 +296,10 @@ def dry_run(recipe: PipelineRecipe) -> dict:
         bench = get_suite(recipe.suite)
         tasks = [resolve_task(bench, t) for t in recipe.tasks]
     validate(recipe.grpo)
+    if recipe.ablation.arms:
+        from minivla_wmrl.ablation import check_ablation
+
+        check_ablation(recipe)
     counts = parameter_counts(preset(recipe.sft.policy.preset))
     with torch.device("meta"):
         tokenizer = ActionTokenizer(ActionTokenizerConfig(chunk_len=recipe.sft.data.chunk_len))

@@ -1,4 +1,5 @@
-"""Run plots: training curves of every stage, and world-model score vs real success around calibration."""
+"""Run plots: training curves of every stage, world-model score vs real success around calibration,
+and an ablation's held-out success against real-simulator steps."""
 
 from __future__ import annotations
 
@@ -60,4 +61,24 @@ def plot_calibration(debiaser, path: Path, bins: int = 10) -> Path:
         ax.set_title(f"{title} ({len(scores)} anchors)")
         ax.set_xlabel("score")
         ax.set_ylabel("real success")
+    return _save(plt, figure, path)
+
+
+def plot_ablation(report: dict, path: Path) -> Path:
+    """Held-out success (mean over seeds, 95% t interval) against cumulative real-simulator steps."""
+    plt, figure, axes = _figure(1, 1)
+    ax, sft = axes[0][0], report["sft"]["success_rate"]
+    for arm in report["arms"]:
+        x = [0.0] + [p["real_steps"] for p in arm["curve"]]
+        y = [sft] + [p["success"]["mean"] for p in arm["curve"]]
+        errors = [[0.0], [0.0]]
+        for p in arm["curve"]:
+            low, high = p["success"]["ci95"] or (p["success"]["mean"], p["success"]["mean"])
+            errors[0].append(p["success"]["mean"] - low)
+            errors[1].append(high - p["success"]["mean"])
+        ax.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=arm["arm"])
+    ax.set_xlabel("cumulative real-simulator steps")
+    ax.set_ylabel("held-out success")
+    ax.set_title("held-out success vs real-simulator steps (mean over seeds, 95% CI)", fontsize=8)
+    ax.legend(fontsize=7)
     return _save(plt, figure, path)

@@ -51,7 +51,7 @@ def test_two_tasks_two_trials_write_results_and_videos(checkpoint, tmp_path):
             assert len(frames) == 3  # two queries and the final frame
             assert frames[0].shape == (224 + 18, 224, 3)
     table = (tmp_path / "eval_table.md").read_text()
-    assert "| 46 |" in table and "/2 |" in table
+    assert "| 46 |" in table and "/2 = " in table and "% [" in table
 
 
 def test_killed_evaluation_resumes_and_counts_each_trial_once(checkpoint, tmp_path):
@@ -116,3 +116,42 @@ def test_rl_training_states_are_new_draws_disjoint_from_evaluation(libero_env):
     with pytest.raises(ValueError, match="leaks the test set"):
         select_rl_init_states([0, 1], 50, allow_eval_states=False, task_id=libero_env.task_id)
     assert select_rl_init_states([0, 1], 50, allow_eval_states=True, task_id=libero_env.task_id) == [0, 1]
+
+
+def test_samples_per_state_report_avg_best_and_all_at_k_and_resume_per_sample(checkpoint, tmp_path):
+    sampled = config(checkpoint, tmp_path, tasks=["0"], trials=2, samples_per_state=2, temperature=1.0, videos="none")
+    info = evaluate(sampled, progress=False)
+    episodes = tmp_path / "episodes.jsonl"
+    keys = sorted((r["trial"], r["sample"]) for r in map(json.loads, episodes.read_text().splitlines()))
+    assert keys == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    overall = info["overall"]
+    assert overall["trials"] == 4 and overall["states"] == 2 and overall["avg"] == overall["success_rate"]
+    assert overall["best_at_k"]["trials"] == 2 and overall["all_at_k"]["trials"] == 2
+    assert overall["all_at_k"]["successes"] <= overall["best_at_k"]["successes"]
+    assert len(overall["ci95"]) == 2 and info["settings"]["samples_per_state"] == 2
+    assert "best@2" in (tmp_path / "eval_table.md").read_text()
+    lines = episodes.read_text().splitlines()
+    episodes.write_text("\n".join(lines[:3]) + "\n")  # as if killed before the last (trial, sample) finished
+    evaluate(sampled, progress=False)
+    assert episodes.read_text().splitlines()[:3] == lines[:3] and len(episodes.read_text().splitlines()) == 4
+    with pytest.raises(ValueError, match="samples_per_state 2: expected 1, or K > 1 with a temperature > 0"):
+        evaluate(config(checkpoint, tmp_path / "greedy", samples_per_state=2), progress=False)
+
+
+def test_compare_pairs_shared_episodes_and_refuses_other_settings(checkpoint, tmp_path, capsys):
+    from minivla_wmrl.cli import main as cli
+
+    other = save_policy(make_policy(seed=8), tmp_path / "other")
+    run = lambda ckpt, out, **kw: evaluate(config(ckpt, tmp_path / out, tasks=["0"], trials=3, videos="none", **kw),  # noqa: E731
+                                           progress=False)
+    run(checkpoint, "a"), run(checkpoint, "a_again"), run(other, "b"), run(checkpoint, "c", execute_steps=4)
+    assert cli(["compare", str(tmp_path / "a"), str(tmp_path / "a_again"), str(tmp_path / "b"),
+                "--json", str(tmp_path / "rows.json")]) == 0
+    assert "McNemar" in capsys.readouterr().out
+    same, different = json.loads((tmp_path / "rows.json").read_text())
+    assert (same["episodes"], same["difference"], same["gained"], same["lost"]) == (3, 0, 0, 0)
+    assert same["p_mcnemar"] == 1.0 and different["episodes"] == 3
+    assert cli(["compare", str(tmp_path / "a"), str(tmp_path / "c")]) == 1
+    assert "execute_steps: 8 vs 4" in capsys.readouterr().err
+    assert cli(["compare", str(tmp_path / "a"), str(tmp_path / "nothere")]) == 1
+    assert "lacks eval_settings.json" in capsys.readouterr().err

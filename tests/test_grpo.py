@@ -96,6 +96,18 @@ def test_interrupted_run_resumes_with_identical_results(envs, checkpoints, tmp_p
     assert full["trainer"].debiaser.state_dict() == resumed["trainer"].debiaser.state_dict()
 
 
+def test_real_step_budget_ends_the_run_at_the_step_that_reaches_it(envs, checkpoints, tmp_path):
+    # 4 capped rollouts of 16 steps: 64 real steps per GRPO step; a budget of 100 ends the run after step 2
+    budget = recipe(checkpoints, tmp_path, steps=5, real_step_budget=100, save_every=5)
+    history = train_grpo(budget, envs=envs, progress=False)["history"]
+    assert [r["real_steps"] for r in history] == [64, 128]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000002"]  # saved where it stopped
+    again = train_grpo(budget, envs=envs, progress=False)  # a re-run resumes, finds the budget spent, does nothing
+    assert [r["step"] for r in again["history"]] == [1, 2]
+    with pytest.raises(ValueError, match="real_step_budget must be >= 0"):
+        train_grpo(recipe(checkpoints, tmp_path / "bad", real_step_budget=-1), envs=envs, progress=False)
+
+
 def nan_world_model(frames, instructions):
     return np.full(frames.shape[:2], np.nan), np.full(len(frames), np.nan)
 

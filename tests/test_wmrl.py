@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_residual, fit_bucketed_isotonic,
-                               group_advantages, pool_adjacent_violators, weight_anchor_advantages)
+                               group_advantages, pool_adjacent_violators, shuffle_within_groups,
+                               weight_anchor_advantages)
 
 
 def test_pool_adjacent_violators_with_violations_weights_and_ties():
@@ -81,3 +82,48 @@ def test_anchor_weighting_after_normalisation():
     advantages, _ = group_advantages(np.array([1.0, 0.0, 1.0, 0.0]), np.zeros(4))
     weighted = weight_anchor_advantages(advantages, [True, True, False, False], 2.0)
     np.testing.assert_allclose(weighted, advantages * [2, 2, 1, 1])
+
+
+def test_debiaser_bins_over_the_scorers_range_so_potential_failures_spread():
+    # potential scores lie in [-1, 1]: failures at -0.6 and -0.1, successes at 0.5. On [0, 1] bins every
+    # failure would fall into bin 0 together; on [-1, 1] they fall into their own bins.
+    scores, outcomes = [-0.6, -0.6, -0.1, -0.1, 0.5, 0.5], [0, 0, 0, 1, 1, 1]
+    x, y = fit_bucketed_isotonic(scores, outcomes, bins=10, score_range=(-1, 1))
+    np.testing.assert_allclose(x, [-0.6, -0.1, 0.5])
+    np.testing.assert_allclose(y, [0, 0.5, 1])
+    x01, _ = fit_bucketed_isotonic(scores, outcomes, bins=10)
+    assert len(x01) == 2  # [0, 1] bins merge both failure levels: the bug this range fixes
+    debiaser = OnlineDebiaser(min_pairs=6, score_range=(-1, 1))
+    debiaser.add(scores, outcomes)
+    np.testing.assert_allclose(debiaser([-0.6, -0.35, 0.5]), [0, 0.25, 1])
+
+
+def test_fit_failure_fallback_is_explicit_and_recorded():
+    identity = OnlineDebiaser(min_pairs=3)
+    identity.add([0.11, 0.12, 0.13], [0, 1, 1])  # one populated bin: nothing to fit
+    assert identity.fit_failed and not identity.calibrated
+    np.testing.assert_allclose(identity([0.11, 0.9]), [0.11, 0.9])
+    mean = OnlineDebiaser(min_pairs=3, fit_fallback="mean")
+    mean.add([0.11, 0.12, 0.13], [0, 1, 1])
+    assert mean.fit_failed and mean.calibrated
+    np.testing.assert_allclose(mean([0.11, 0.9, -3]), [2 / 3] * 3)
+    restored = OnlineDebiaser(min_pairs=3, fit_fallback="mean")
+    restored.load_state_dict(mean.state_dict())
+    assert restored.fit_failed and restored([0.5])[0] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="fit_fallback 'zero' is unknown"):
+        OnlineDebiaser(fit_fallback="zero")
+    with pytest.raises(ValueError, match="score_range"):
+        OnlineDebiaser(score_range=(1, -1))
+
+
+def test_shuffled_rewards_are_a_permutation_within_each_group():
+    rewards = np.array([1.0, 0, 0, 0, np.nan, 0.2, 0.4, 0.9])
+    groups = np.array([0, 0, 0, 0, 0, 1, 1, 1])
+    shuffled = shuffle_within_groups(rewards, groups, np.random.default_rng(0))
+    assert np.isnan(shuffled[4])  # unlabelled stays unlabelled
+    for g in (0, 1):
+        member = (groups == g) & np.isfinite(rewards)
+        assert sorted(shuffled[member]) == sorted(rewards[member])
+    moved = [not np.array_equal(shuffle_within_groups(rewards, groups, np.random.default_rng(s)), rewards, equal_nan=True)
+             for s in range(10)]
+    assert any(moved)

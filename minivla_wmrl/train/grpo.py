@@ -14,6 +14,11 @@ One step (the order of the WMRL reference):
 Reward modes: `sparse` (real success for all; the GRPO baseline), `dense_raw` (world-model
 score for all), `dense_calib` (WMRL: calibrated score; anchors per `anchor_reward`),
 `sparse_scarce` (real success for anchors only; the rest are left out of the advantage).
+`shuffle_rewards` permutes the rewards within each group: a control that must not learn.
+
+Denoising acts only when some rollouts are not anchors (`anchor_fraction < 1`): with every
+rollout an anchor the anchor weight multiplies every advantage alike, a learning-rate multiplier
+that Adam cancels. The log says which (`denoise_active`).
 
 Under `torchrun`, each process runs a share of every step's rollouts; what the corrections and
 advantages need is gathered, and minibatch gradients are summed (see `GRPOTrainer.update`). With
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,8 +51,9 @@ from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
 from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_residual, group_advantages,
-                               weight_anchor_advantages)
+                               shuffle_within_groups, weight_anchor_advantages)
 from world_models.registry import make_scorer
+from world_models.scorer import SCORE_RANGES
 
 REWARD_MODES = ("sparse", "dense_raw", "dense_calib", "sparse_scarce")
 ANCHOR_REWARDS = ("calib", "sparse", "mix")
@@ -62,10 +69,11 @@ class GRPOConfig:
     execute_steps: int = 8  # actions per query (the whole VQ chunk)
     max_real_steps: int = 520  # real-simulator step cap after the 10 wait steps
     reward_mode: str = "dense_calib"
-    anchor_fraction: float = 1.0  # anchors per group = round(fraction × size); the sim labels them all anyway
+    anchor_fraction: float = 1.0  # anchors per group = round(fraction × size); < 1 for denoising to act
     min_anchors: int = 2  # per step at least this many anchors (added at random)
     anchor_reward: str = "calib"  # dense_calib anchors: calib f(x) | sparse y | mix (2y + f(x)) / 3
-    wm_reduction: str = "potential"  # potential | final | max | success
+    wm_reduction: str = "potential"  # potential (in [-1, 1]) | final | max | success (in [0, 1])
+    shuffle_rewards: bool = False  # control arm: permute rewards within each group (must not learn)
     scale_std: bool = True  # A = (r − mean) / (std + 1e-4); False: r − mean
     clip_eps: float = 0.2
     clip_eps_high: float = 0.28
@@ -83,6 +91,7 @@ class GRPOConfig:
     wm_cotrain: bool = True  # update a trainable world model on the anchors' real labels
     wm_update_steps: int = 4
     save_every: int = 5
+    real_step_budget: int = 0  # > 0: stop after the step at which cumulative real-simulator steps reach it
     seed: int = 0
 
 
@@ -108,7 +117,7 @@ class GRPOEnv:
     rl_init_states: list[int] | None = None  # protocol (evaluation) indices instead; needs allow_eval_states
     allow_eval_states: bool = False
     gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
-    backend: str = "local"  # rollout workers: "local" processes or "ray" actors (spread over a Ray cluster)
+    backend: str = "local"  # rollout workers: "local" processes, "ray" actors (a Ray cluster), "inline" (cheap envs)
     ray_address: str | None = None  # e.g. "auto" inside a Ray job; None starts a local Ray instance
 
 
@@ -125,6 +134,7 @@ class DebiasConfig:
     min_pairs: int = 200
     refit_every: int = 64
     capacity: int = 5000
+    fit_fallback: str = "identity"  # all pairs in one bin: identity (the reference's) | mean (the base rate)
 
 
 @dataclass
@@ -166,6 +176,8 @@ def validate(recipe: GRPORecipe) -> None:
                          "or lower init_states_per_step)")
     if len(g.success_band) != 2 or not 0 <= g.success_band[0] <= g.success_band[1] <= 1:
         raise ValueError(f"grpo.success_band must be [lo, hi] with 0 <= lo <= hi <= 1, got {g.success_band}")
+    if g.real_step_budget < 0:
+        raise ValueError(f"grpo.real_step_budget must be >= 0 (0: no budget), got {g.real_step_budget}")
     if g.inner_epochs < 1 or g.minibatch_size < 1 or g.queries_per_rollout < 1 or g.max_resample < 0:
         raise ValueError("grpo.inner_epochs, minibatch_size and queries_per_rollout must be >= 1, max_resample >= 0")
     if not recipe.policy.checkpoint:
@@ -230,7 +242,10 @@ class GRPOTrainer:
             average = (lambda params: self.dist.sum_gradients([q for q in params if q.requires_grad],
                                                               1.0 / self.dist.world_size)) if self.dist.enabled else None
             self.wm_trainer = WorldModelTrainer(self.world_model, recipe.world_model.train, average)
-        self.debiaser = OnlineDebiaser(**asdict(recipe.debias))
+        self.debiaser = OnlineDebiaser(**asdict(recipe.debias), score_range=SCORE_RANGES[g.wm_reduction])
+        if g.reward_mode == "dense_calib" and g.anchor_fraction == 1 and self.dist.is_main:
+            print("grpo: every rollout is an anchor (anchor_fraction 1): the anchor weight scales all advantages "
+                  "alike and Adam cancels it; set anchor_fraction < 1 for denoising to act", file=sys.stderr)
         self.weighter = InverseVarianceWeighter(**asdict(recipe.denoise))
         self.step, self.counters = 0, {"real_steps": 0, "real_episodes": 0, "real_labels_used": 0}
 
@@ -389,7 +404,11 @@ class GRPOTrainer:
             anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[g.anchor_reward]
             rewards = np.where(a, anchor_value, calibrated)
         rewards = np.where(batch.valid, rewards, np.nan)
+        if g.shuffle_rewards:
+            rewards = shuffle_within_groups(rewards, batch.groups, np.random.default_rng([g.seed, self.step, 4_000_003]))
         advantages, graded = group_advantages(rewards, batch.groups, g.scale_std)
+        log["debias_fit_failed"] = float(self.debiaser.fit_failed)
+        log["denoise_active"] = float(g.reward_mode == "dense_calib" and bool((graded & ~a).any()))
         if g.reward_mode == "dense_calib" and self.debiaser.calibrated:
             log["anchor_weight"] = self.weighter.weight
             advantages = weight_anchor_advantages(advantages, a, self.weighter.weight)
@@ -579,13 +598,16 @@ def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
             (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, default=str))
         log = MetricsLog(out, "grpo", trainer.step) if main_process else None
         history = list(log.history) if log else []
+        budget_spent = lambda: 0 < g.real_step_budget <= trainer.counters["real_steps"]  # noqa: E731
         for _ in tqdm(range(trainer.step, g.steps), desc="grpo", disable=not trainer.progress, initial=trainer.step,
                       total=g.steps):
+            if budget_spent():
+                break
             record = trainer.train_step()
             if log is not None:  # before the checkpoint: a resume never loses a step's record
                 log.write(record)
             history.append(record)
-            if trainer.step % g.save_every == 0 or trainer.step == g.steps:
+            if trainer.step % g.save_every == 0 or trainer.step == g.steps or budget_spent():
                 trainer.save()
                 trainer.dist.barrier()
         return {"history": history, "checkpoint": str(latest_checkpoint(out)), "trainer": trainer}

@@ -33,3 +33,14 @@ def weight_anchor_advantages(advantages, is_anchor, weight: float) -> np.ndarray
     """
     advantages, is_anchor = np.asarray(advantages, float), np.asarray(is_anchor, bool)
     return np.where(is_anchor, advantages * weight, advantages)
+
+
+def shuffle_within_groups(rewards, groups, rng: np.random.Generator) -> np.ndarray:
+    """The labelled (finite) rewards of each group permuted among its labelled members: the reward
+    control, which keeps every group's reward distribution and destroys which rollout earned what."""
+    rewards, groups = np.asarray(rewards, float), np.asarray(groups)
+    shuffled = rewards.copy()
+    for g in np.unique(groups):
+        members = np.flatnonzero((groups == g) & np.isfinite(rewards))
+        shuffled[members] = rewards[rng.permutation(members)]
+    return shuffled

@@ -1,0 +1,274 @@
+"""`minivla-wmrl ablate RECIPE`: GRPO arms × seeds from one SFT checkpoint, judged on held-out states.
+
+The recipe is a pipeline recipe (`minivla-wmrl run`) with an `ablation:` section. The pipeline's
+stages up to the world model run once (finished stages are kept); then every (arm, seed) cell
+trains GRPO from the same SFT checkpoint and the same initial world model, with the arm's
+overrides, and each of its evaluated checkpoints runs the recipe's `eval` protocol on the same
+held-out init states as the SFT checkpoint (same trials, samples and sampling seeds), so every
+comparison is paired episode by episode.
+
+Seeds: arm i runs GRPO with seed `s + 1000 × i` for each `s` in `seeds`, so no two arms share
+rollouts and each cell is an independent observation; `paired_seeds: true` gives every arm the
+same seeds (common random numbers) instead. The output says which.
+
+Outputs under `OUT/ablation/`: one directory per cell (`<arm>/seed<s>/`: the GRPO run,
+`eval/step_N/` per evaluated checkpoint, `cell.json` when done: a re-run skips it),
+`eval/sft/`, and `ablation.json`, `ablation.md` and `ablation.png` (held-out success against
+cumulative real-simulator steps).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.config import apply_overrides, config_from_dict, load_recipe
+from minivla_wmrl.plots import plot_ablation
+from minivla_wmrl.statistics import mean_interval, mcnemar_exact, paired_difference, rate
+
+SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
+
+
+@dataclass
+class Arm:
+    name: str  # a directory name: letters, digits, '_' and '-'
+    overrides: list[str] = field(default_factory=list)  # GRPO recipe `key=value`s, e.g. ["grpo.reward_mode=sparse"]
+
+
+@dataclass
+class AblationConfig:
+    arms: list[Arm] = field(default_factory=list)  # the first arm is the one the others are compared with
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    paired_seeds: bool = False  # True: every arm uses the same GRPO seeds (common random numbers)
+    eval_every: int = 0  # also evaluate checkpoints at multiples of this GRPO step (0: the final one only)
+
+
+def cell_recipe(recipe, arm_index: int, seed: int):
+    """The GRPO recipe of one (arm, seed) cell: the pipeline's GRPO section + the arm's overrides."""
+    from minivla_wmrl.train.grpo import GRPORecipe
+
+    a, arm = recipe.ablation, recipe.ablation.arms[arm_index]
+    data = apply_overrides(asdict(recipe.grpo), arm.overrides)
+    grpo = config_from_dict(GRPORecipe, data, f"ablation arm {arm.name!r}")
+    grpo.grpo.seed = seed if a.paired_seeds else seed + SEED_STRIDE * arm_index
+    grpo.out = str(cell_dir(recipe, arm.name, seed))
+    return grpo
+
+
+def cell_dir(recipe, arm: str, seed: int) -> Path:
+    return Path(recipe.out) / "ablation" / arm / f"seed{seed}"
+
+
+def evaluated_steps(checkpoints: list[Path], eval_every: int) -> list[Path]:
+    """The final checkpoint and those at multiples of `eval_every`."""
+    steps = sorted(checkpoints, key=lambda p: int(p.name.split("_")[1]))
+    return [p for p in steps if p == steps[-1] or (eval_every and int(p.name.split("_")[1]) % eval_every == 0)]
+
+
+def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
+    """Train one cell's GRPO run (resuming it if interrupted), evaluate its checkpoints, write cell.json."""
+    from minivla_wmrl.evaluate import evaluate
+    from minivla_wmrl.pipeline import Pipeline, PipelineRecipe
+    from minivla_wmrl.train.grpo import train_grpo
+
+    recipe = config_from_dict(PipelineRecipe, recipe_data, "ablation recipe")
+    pipeline = Pipeline(recipe)
+    grpo = cell_recipe(recipe, arm_index, seed)
+    directory = Path(grpo.out)
+    start = time.perf_counter()
+    train_grpo(grpo, progress=False)
+    train_s = time.perf_counter() - start
+    metrics = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+    by_step = {m["step"]: m for m in metrics}
+    evaluations = []
+    for checkpoint in evaluated_steps(list((directory / "checkpoints").glob("step_*")), recipe.ablation.eval_every):
+        step = int(checkpoint.name.split("_")[1])
+        info = evaluate(pipeline.eval_config(checkpoint, directory / "eval" / checkpoint.name), progress=False)
+        evaluations.append({"step": step, "eval_dir": str(directory / "eval" / checkpoint.name),
+                            "real_steps": by_step[step]["real_steps"], "real_episodes": by_step[step]["real_episodes"],
+                            "success": info["overall"]})
+    cell = {"arm": recipe.ablation.arms[arm_index].name, "seed": seed, "grpo_seed": grpo.grpo.seed,
+            "evaluations": evaluations, "train_success_first": metrics[0]["success_rate"],
+            "train_success_last": metrics[-1]["success_rate"],
+            "train_success_mean_last3": float(np.mean([m["success_rate"] for m in metrics[-3:]])),
+            "grpo_steps": metrics[-1]["step"], "real_steps": metrics[-1]["real_steps"],
+            "real_episodes": metrics[-1]["real_episodes"], "train_s": train_s,
+            "wall_s": time.perf_counter() - start}
+    with atomic_file(directory / "cell.json") as tmp:
+        tmp.write_text(json.dumps(cell, indent=2))
+    return cell
+
+
+def check_ablation(recipe) -> None:
+    a = recipe.ablation
+    if not a.arms:
+        raise ValueError("ablation.arms is empty; list the GRPO arms to compare (name + overrides)")
+    names = [arm.name for arm in a.arms]
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_-]+", n)]
+    if bad or len(set(names)) != len(names):
+        raise ValueError(f"ablation arm names must be unique directory names ([A-Za-z0-9_-]); got {names}")
+    if not a.seeds or len(set(a.seeds)) != len(a.seeds):
+        raise ValueError(f"ablation.seeds must be distinct and non-empty, got {a.seeds}")
+    if a.eval_every < 0:
+        raise ValueError(f"ablation.eval_every must be >= 0, got {a.eval_every}")
+    for i in range(len(a.arms)):  # every arm's overrides name real keys with valid values, before any work
+        from minivla_wmrl.train.grpo import validate
+
+        validate(cell_recipe(recipe, i, a.seeds[0]))
+
+
+def run_ablation(recipe, parallel: int = 1) -> dict:
+    """Stages demos…wm (finished ones kept), the SFT evaluation, every cell, then the report."""
+    from minivla_wmrl.evaluate import evaluate
+    from minivla_wmrl.pipeline import Pipeline
+
+    pipeline = Pipeline(recipe)  # fills in the SFT checkpoint and world model every cell starts from
+    check_ablation(recipe)
+    if parallel < 1:
+        raise ValueError(f"--parallel must be >= 1, got {parallel}")
+    out = Path(recipe.out) / "ablation"
+    start = time.perf_counter()
+    pipeline.run(("demos", "vq", "sft", "wm"), skip_finished=True)
+    sft_eval = out / "eval" / "sft"
+    evaluate(pipeline.eval_config(Path(recipe.out) / "sft" / "final", sft_eval))
+    a = recipe.ablation
+    todo = [(i, s) for i in range(len(a.arms)) for s in a.seeds
+            if not (cell_dir(recipe, a.arms[i].name, s) / "cell.json").exists()]
+    data = asdict(recipe)
+    if parallel == 1:
+        for i, s in todo:
+            print(f"== ablation cell: arm {a.arms[i].name}, seed {s}", flush=True)
+            run_cell(data, i, s)
+    else:
+        with ProcessPoolExecutor(parallel, mp_context=get_context("spawn")) as pool:
+            for future in [pool.submit(run_cell, data, i, s) for i, s in todo]:
+                future.result()
+    report = summarize_ablation(recipe, sft_eval)
+    report["wall_s_this_invocation"] = time.perf_counter() - start
+    with atomic_file(out / "ablation.json") as tmp:
+        tmp.write_text(json.dumps(report, indent=2))
+    with atomic_file(out / "ablation.md") as tmp:
+        tmp.write_text(ablation_table(report))
+    plot_ablation(report, out / "ablation.png")
+    print(ablation_table(report))
+    return report
+
+
+def _successes(eval_dir: Path, seed_index: int) -> dict:
+    """Success by ((task, trial), (seed index, sample)): the bootstrap unit is the init state."""
+    from minivla_wmrl.compare import load_evaluation
+
+    _, results = load_evaluation(eval_dir)
+    return {((task, trial), (seed_index, sample)): v for (task, trial, sample), v in results.items()}
+
+
+def summarize_ablation(recipe, sft_eval: Path) -> dict:
+    """Per arm: held-out success per seed and over seeds, paired differences to SFT and to the first
+    arm (pooled over seeds, paired on init state and sample), agreement with SFT, real-simulator use."""
+    from minivla_wmrl.compare import check_comparable, load_evaluation
+
+    a = recipe.ablation
+    sft_settings, _ = load_evaluation(sft_eval)
+    sft = {s_index: _successes(sft_eval, s_index) for s_index in range(len(a.seeds))}
+    sft_pooled = {k: v for part in sft.values() for k, v in part.items()}
+    arms, finals = [], {}
+    for i, arm in enumerate(a.arms):
+        cells = [json.loads((cell_dir(recipe, arm.name, s) / "cell.json").read_text()) for s in a.seeds]
+        final = {}
+        for s_index, cell in enumerate(cells):
+            last = Path(cell["evaluations"][-1]["eval_dir"])
+            check_comparable(sft_settings, load_evaluation(last)[0], str(sft_eval), str(last))
+            final.update(_successes(last, s_index))
+        finals[arm.name] = final
+        per_seed = [c["evaluations"][-1]["success"]["success_rate"] for c in cells]
+        vs_sft_per_seed = []
+        for s_index, cell in enumerate(cells):
+            mine = {k: v for k, v in final.items() if k[1][0] == s_index}
+            gained = sum(1 for k in mine if mine[k] and not sft[s_index][k])
+            lost = sum(1 for k in mine if sft[s_index][k] and not mine[k])
+            vs_sft_per_seed.append({"seed": cell["seed"], "gained": gained, "lost": lost,
+                                    "p_mcnemar": mcnemar_exact(gained, lost)})
+        arms.append({
+            "arm": arm.name, "overrides": arm.overrides, "seeds": [c["seed"] for c in cells],
+            "grpo_seeds": [c["grpo_seed"] for c in cells],
+            "held_out_per_seed": per_seed, "held_out": mean_interval(per_seed),
+            "held_out_pooled": rate(sum(final.values()), len(final)),
+            "vs_sft": paired_difference(sft_pooled, final), "vs_sft_per_seed": vs_sft_per_seed,
+            "identical_to_sft": sum(final[k] == sft_pooled[k] for k in final), "episodes": len(final),
+            "train_success_first": mean_interval([c["train_success_first"] for c in cells]),
+            "train_success_last3": mean_interval([c["train_success_mean_last3"] for c in cells]),
+            "grpo_steps": [c["grpo_steps"] for c in cells],
+            "real_steps": mean_interval([c["real_steps"] for c in cells]),
+            "real_episodes": mean_interval([c["real_episodes"] for c in cells]),
+            "wall_s": mean_interval([c["wall_s"] for c in cells]),
+            "curve": _curve(cells),
+        })
+    first = a.arms[0].name
+    for entry in arms[1:]:
+        entry["vs_first_arm"] = paired_difference(finals[first], finals[entry["arm"]])
+    sft_info = json.loads((sft_eval / "eval_info.json").read_text())
+    return {"sft": sft_info["overall"], "eval_settings": sft_settings, "arms": arms, "first_arm": first,
+            "seeding": "paired: every arm uses the same GRPO seeds" if a.paired_seeds else
+                       f"independent: arm i uses GRPO seed s + {SEED_STRIDE} × i",
+            "grpo": {k: v for k, v in asdict(recipe.grpo.grpo).items() if k != "seed"}}
+
+
+def _curve(cells: list[dict]) -> list[dict]:
+    """Held-out success against cumulative real steps: mean over seeds at each evaluated GRPO step."""
+    steps = sorted({e["step"] for c in cells for e in c["evaluations"]})
+    curve = []
+    for step in steps:
+        points = [e for c in cells for e in c["evaluations"] if e["step"] == step]
+        curve.append({"step": step, "seeds": len(points),
+                      "real_steps": float(np.mean([p["real_steps"] for p in points])),
+                      "success": mean_interval([p["success"]["success_rate"] for p in points])})
+    return curve
+
+
+def _pct(interval) -> str:
+    return "n/a" if interval is None else f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
+
+
+def ablation_table(report: dict) -> str:
+    s, sft = report["eval_settings"], report["sft"]
+    lines = [f"# Ablation: held-out success ({s['suite']} tasks {s['tasks']}, init states {s['first_trial']}.."
+             f"{s['first_trial'] + s['trials'] - 1}, {s['samples_per_state']} sample(s) each, {s['sampling']}, "
+             f"cap {s['max_steps']})", "",
+             f"SFT: {sft['successes']}/{sft['trials']} = {100 * sft['success_rate']:.1f}% {_pct(sft['ci95'])} (Wilson). "
+             f"Seeds: {report['seeding']}.", "",
+             "| arm | held-out success, mean over seeds [95% t] | per seed | vs SFT, paired [95% CI] | "
+             f"vs {report['first_arm']}, paired [95% CI] | same as SFT | training success first → last 3 | "
+             "real episodes | real steps | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for arm in report["arms"]:
+        d = arm["vs_sft"]
+        first = arm.get("vs_first_arm")
+        vs_first = "-" if first is None else (f"{100 * first['difference']:+.1f} {_pct(first['ci95'])}, "
+                                              f"p={first['p_mcnemar']:.3g}")
+        lines.append(
+            f"| {arm['arm']} | {100 * arm['held_out']['mean']:.1f}% {_pct(arm['held_out']['ci95'])} | "
+            + ", ".join(f"{100 * x:.0f}%" for x in arm["held_out_per_seed"])
+            + f" | {100 * d['difference']:+.1f} {_pct(d['ci95'])}, +{d['gained']}/−{d['lost']}, p={d['p_mcnemar']:.3g} | "
+            f"{vs_first} | {arm['identical_to_sft']}/{arm['episodes']} | "
+            f"{100 * arm['train_success_first']['mean']:.0f}% → {100 * arm['train_success_last3']['mean']:.0f}% | "
+            f"{arm['real_episodes']['mean']:.0f} | {arm['real_steps']['mean']:.0f} | {arm['wall_s']['mean']:.0f} |")
+    lines += ["", "Paired differences pool the seeds: each seed's checkpoint against the SFT checkpoint (or the first "
+              "arm's checkpoint of the same seed index) on the same init state and sampling seed; the interval is a "
+              "bootstrap over init states, p the exact McNemar test of the discordant episodes."]
+    return "\n".join(lines) + "\n"
+
+
+def main(args) -> None:
+    from minivla_wmrl.pipeline import PipelineRecipe
+
+    recipe = load_recipe(PipelineRecipe, Path(args.recipe), args.overrides)
+    run_ablation(recipe, args.parallel)
+    print(f"ablation: {Path(recipe.out) / 'ablation' / 'ablation.md'}")
