@@ -41,6 +41,7 @@ SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless p
 class Arm:
     name: str  # a directory name: letters, digits, '_' and '-'
     overrides: list[str] = field(default_factory=list)  # GRPO recipe `key=value`s, e.g. ["grpo.reward_mode=sparse"]
+    seeds: list[int] | None = None  # this arm's seeds (default: the ablation's), e.g. one for a deterministic control
 
 
 @dataclass
@@ -61,6 +62,10 @@ def cell_recipe(recipe, arm_index: int, seed: int):
     grpo.grpo.seed = seed if a.paired_seeds else seed + SEED_STRIDE * arm_index
     grpo.out = str(cell_dir(recipe, arm.name, seed))
     return grpo
+
+
+def arm_seeds(ablation: AblationConfig, arm: Arm) -> list[int]:
+    return list(ablation.seeds if arm.seeds is None else arm.seeds)
 
 
 def cell_dir(recipe, arm: str, seed: int) -> Path:
@@ -115,8 +120,10 @@ def check_ablation(recipe) -> None:
     bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_-]+", n)]
     if bad or len(set(names)) != len(names):
         raise ValueError(f"ablation arm names must be unique directory names ([A-Za-z0-9_-]); got {names}")
-    if not a.seeds or len(set(a.seeds)) != len(a.seeds):
-        raise ValueError(f"ablation.seeds must be distinct and non-empty, got {a.seeds}")
+    for arm in a.arms:
+        seeds = arm_seeds(a, arm)
+        if not seeds or len(set(seeds)) != len(seeds):
+            raise ValueError(f"ablation arm {arm.name!r}: seeds must be distinct and non-empty, got {seeds}")
     if a.eval_every < 0:
         raise ValueError(f"ablation.eval_every must be >= 0, got {a.eval_every}")
     for i in range(len(a.arms)):  # every arm's overrides name real keys with valid values, before any work
@@ -140,8 +147,8 @@ def run_ablation(recipe, parallel: int = 1) -> dict:
     sft_eval = out / "eval" / "sft"
     evaluate(pipeline.eval_config(Path(recipe.out) / "sft" / "final", sft_eval))
     a = recipe.ablation
-    todo = [(i, s) for i in range(len(a.arms)) for s in a.seeds
-            if not (cell_dir(recipe, a.arms[i].name, s) / "cell.json").exists()]
+    todo = [(i, s) for i, arm in enumerate(a.arms) for s in arm_seeds(a, arm)
+            if not (cell_dir(recipe, arm.name, s) / "cell.json").exists()]
     data = asdict(recipe)
     if parallel == 1:
         for i, s in todo:
@@ -177,11 +184,11 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
 
     a = recipe.ablation
     sft_settings, _ = load_evaluation(sft_eval)
-    sft = {s_index: _successes(sft_eval, s_index) for s_index in range(len(a.seeds))}
-    sft_pooled = {k: v for part in sft.values() for k, v in part.items()}
+    sft = {s_index: _successes(sft_eval, s_index) for s_index in range(max(len(arm_seeds(a, arm)) for arm in a.arms))}
     arms, finals = [], {}
     for i, arm in enumerate(a.arms):
-        cells = [json.loads((cell_dir(recipe, arm.name, s) / "cell.json").read_text()) for s in a.seeds]
+        cells = [json.loads((cell_dir(recipe, arm.name, s) / "cell.json").read_text()) for s in arm_seeds(a, arm)]
+        sft_pooled = {k: v for s_index in range(len(cells)) for k, v in sft[s_index].items()}
         final = {}
         for s_index, cell in enumerate(cells):
             last = Path(cell["evaluations"][-1]["eval_dir"])
@@ -212,7 +219,7 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
             "curve": _curve(cells),
         })
     first = a.arms[0].name
-    for entry in arms[1:]:
+    for entry in arms[1:]:  # on the seed indices both arms ran
         entry["vs_first_arm"] = paired_difference(finals[first], finals[entry["arm"]])
     sft_info = json.loads((sft_eval / "eval_info.json").read_text())
     return {"sft": sft_info["overall"], "eval_settings": sft_settings, "arms": arms, "first_arm": first,
