@@ -66,7 +66,8 @@ def test_two_steps_in_every_reward_mode(envs, checkpoints, tmp_path, mode):
     last = history[-1]
     assert last["real_episodes"] == 8 and last["real_steps"] == 8 * EPISODE_STEPS  # random policy: every episode capped
     for key in ("success_rate", "anchor_fraction", "calibrated", "bias_reduction", "anchor_weight",
-                "frac_reward_zero_std", "time_rollout", "time_scoring", "time_update", "real_labels_used"):
+                "frac_reward_zero_std", "time_rollout", "time_scoring", "time_update", "real_labels_used",
+                "debias_fit_failed", "denoise_active"):
         assert key in last
     expected_anchor_fraction = {"sparse": 1.0, "dense_raw": 1.0, "dense_calib": 1.0, "sparse_scarce": 0.5}[mode]
     assert last["anchor_fraction"] == expected_anchor_fraction
@@ -77,6 +78,7 @@ def test_two_steps_in_every_reward_mode(envs, checkpoints, tmp_path, mode):
         assert last["samples"] == 8 and 0 <= last["clip_low"] <= 1 and 0 <= last["clip_high"] <= 1
         assert np.isfinite(last["loss"]) and np.isfinite(last["approx_kl"])
     if mode == "dense_calib":
+        assert last["denoise_active"] == 0.0  # every rollout an anchor: the weight cannot separate anything
         assert result["trainer"].debiaser.fits >= 1 and len(result["trainer"].debiaser.pairs) == 8
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]

@@ -408,7 +408,8 @@ class GRPOTrainer:
             rewards = shuffle_within_groups(rewards, batch.groups, np.random.default_rng([g.seed, self.step, 4_000_003]))
         advantages, graded = group_advantages(rewards, batch.groups, g.scale_std)
         log["debias_fit_failed"] = float(self.debiaser.fit_failed)
-        log["denoise_active"] = float(g.reward_mode == "dense_calib" and bool((graded & ~a).any()))
+        log["denoise_active"] = float(g.reward_mode == "dense_calib" and self.debiaser.calibrated
+                                      and bool((graded & ~a).any()))  # the weight separates anchors from the rest
         if g.reward_mode == "dense_calib" and self.debiaser.calibrated:
             log["anchor_weight"] = self.weighter.weight
             advantages = weight_anchor_advantages(advantages, a, self.weighter.weight)
