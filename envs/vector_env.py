@@ -139,7 +139,6 @@ class EnvPool:
         self.close()
 
 
-
 class InlineEnvs(EnvPool):
     """The envs in this process, stepped one after another: for envs so cheap (pure-Python toys,
     learning checks) that worker processes would cost more than they save. An exception inside an

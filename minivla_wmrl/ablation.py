@@ -72,10 +72,15 @@ def cell_dir(recipe, arm: str, seed: int) -> Path:
     return Path(recipe.out) / "ablation" / arm / f"seed{seed}"
 
 
+def checkpoint_step(checkpoint: Path) -> int:
+    """The GRPO step of a `checkpoints/step_N` directory."""
+    return int(checkpoint.name.split("_")[1])
+
+
 def evaluated_steps(checkpoints: list[Path], eval_every: int) -> list[Path]:
     """The final checkpoint and those at multiples of `eval_every`."""
-    steps = sorted(checkpoints, key=lambda p: int(p.name.split("_")[1]))
-    return [p for p in steps if p == steps[-1] or (eval_every and int(p.name.split("_")[1]) % eval_every == 0)]
+    steps = sorted(checkpoints, key=checkpoint_step)
+    return [p for p in steps if p == steps[-1] or (eval_every and checkpoint_step(p) % eval_every == 0)]
 
 
 def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
@@ -95,7 +100,7 @@ def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
     by_step = {m["step"]: m for m in metrics}
     evaluations = []
     for checkpoint in evaluated_steps(list((directory / "checkpoints").glob("step_*")), recipe.ablation.eval_every):
-        step = int(checkpoint.name.split("_")[1])
+        step = checkpoint_step(checkpoint)
         info = evaluate(pipeline.eval_config(checkpoint, directory / "eval" / checkpoint.name), progress=False)
         evaluations.append({"step": step, "eval_dir": str(directory / "eval" / checkpoint.name),
                             "real_steps": by_step[step]["real_steps"], "real_episodes": by_step[step]["real_episodes"],
@@ -113,6 +118,8 @@ def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
 
 
 def check_ablation(recipe) -> None:
+    from minivla_wmrl.train.grpo import validate
+
     a = recipe.ablation
     if not a.arms:
         raise ValueError("ablation.arms is empty; list the GRPO arms to compare (name + overrides)")
@@ -126,10 +133,8 @@ def check_ablation(recipe) -> None:
             raise ValueError(f"ablation arm {arm.name!r}: seeds must be distinct and non-empty, got {seeds}")
     if a.eval_every < 0:
         raise ValueError(f"ablation.eval_every must be >= 0, got {a.eval_every}")
-    for i in range(len(a.arms)):  # every arm's overrides name real keys with valid values, before any work
-        from minivla_wmrl.train.grpo import validate
-
-        validate(cell_recipe(recipe, i, a.seeds[0]))
+    for i, arm in enumerate(a.arms):  # every arm's overrides name real keys with valid values, before any work
+        validate(cell_recipe(recipe, i, arm_seeds(a, arm)[0]))
 
 
 def run_ablation(recipe, parallel: int = 1) -> dict:

@@ -42,6 +42,11 @@ def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
                          "evaluate both with the same settings")
 
 
+def _by_state(results: dict) -> dict:
+    """Success by ((task, trial), sample): the init state is the unit the bootstrap resamples."""
+    return {((task, trial), sample): v for (task, trial, sample), v in results.items()}
+
+
 def compare(paths: list[Path]) -> list[dict]:
     """Each evaluation after the first against the first, on the episodes they share."""
     if len(paths) < 2:
@@ -51,8 +56,7 @@ def compare(paths: list[Path]) -> list[dict]:
     for path in paths[1:]:
         settings, other = load_evaluation(path)
         check_comparable(base_settings, settings, str(paths[0]), str(path))
-        by_unit = lambda results: {((k[0], k[1]), k[2]): v for k, v in results.items()}  # noqa: E731 (unit: task, state)
-        rows.append({"a": str(paths[0]), "b": str(path), **paired_difference(by_unit(base), by_unit(other))})
+        rows.append({"a": str(paths[0]), "b": str(path), **paired_difference(_by_state(base), _by_state(other))})
     return rows
 
 
