@@ -4,7 +4,8 @@ Every query batches all live envs into one `policy.generate` call; each env then
 `execute_steps` actions of its chunk open loop (1: re-query every step, MiniVLA's protocol;
 8: the whole chunk, OpenVLA-OFT's). Envs render only at query points, and only the cameras the
 policy reads. When an env's episode ends it starts the next pending episode of its task, so the
-pool stays full. Each episode samples from its own RNG (seeded by the run seed and the episode
+pool stays full. An episode whose spec sets a `horizon` is cut once it has run that many steps
+(`Trajectory.truncated`): GRPO's truncated execution lets the world model score the rest. Each episode samples from its own RNG (seeded by the run seed and the episode
 seed), so a trajectory does not depend on which env ran it or what else was in the batch.
 """
 
@@ -50,6 +51,7 @@ class EpisodeSpec:
     init_state: int | np.ndarray
     seed: int = 0
     tag: Any = None  # the caller's key, e.g. (task, trial); returned unchanged
+    horizon: int | None = None  # cut the episode once it has run this many env steps (None: to the env's cap)
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Trajectory:
     log_probs: np.ndarray  # (Q, n) float32, under the sampling distribution
     query_steps: np.ndarray  # (Q,) int64
     executed: np.ndarray  # (Q,) actions executed from each query's chunk
+    truncated: bool = False  # cut at `spec.horizon` before the episode ended
 
     @property
     def num_queries(self) -> int:
@@ -87,7 +90,8 @@ class _Running:
     query_steps: list = field(default_factory=list)
     executed: list = field(default_factory=list)
 
-    def finish(self, result: StepResult | None, failure: str | None, cameras, record_frames: bool) -> Trajectory:
+    def finish(self, result: StepResult | None, failure: str | None, cameras, record_frames: bool,
+               truncated: bool = False) -> Trajectory:
         final = None
         if result is not None and result.observation is not None:
             final = _policy_images([result.observation], cameras)[0]
@@ -100,7 +104,8 @@ class _Running:
             final_frame=final,
             token_ids=np.asarray(self.token_ids, np.int64).reshape(-1, n),
             log_probs=np.asarray(self.log_probs, np.float32).reshape(-1, n),
-            query_steps=np.asarray(self.query_steps, np.int64), executed=np.asarray(self.executed, np.int64))
+            query_steps=np.asarray(self.query_steps, np.int64), executed=np.asarray(self.executed, np.int64),
+            truncated=truncated)
 
 
 def _policy_images(observations: Sequence[Observation], cameras: tuple[str, ...]) -> np.ndarray:
@@ -161,7 +166,7 @@ class RolloutEngine:
         bar = tqdm(total=len(specs), desc=desc, disable=not progress, leave=False)
         retries: dict[int, int] = {}
 
-        def finish(i: int, result: StepResult | None, failure: str | None) -> None:
+        def finish(i: int, result: StepResult | None, failure: str | None, truncated: bool = False) -> None:
             spec = running[i].spec
             lost = failure is not None and failure.startswith(("worker crash", "worker timeout"))
             if lost and retries.get(id(spec), 0) < c.retry_failures:
@@ -170,7 +175,7 @@ class RolloutEngine:
                 running.pop(i)
                 pending[spec.task_id].appendleft(spec)
                 return
-            trajectory = running.pop(i).finish(result, failure, self.cameras, c.record_frames)
+            trajectory = running.pop(i).finish(result, failure, self.cameras, c.record_frames, truncated)
             done[order[id(trajectory.spec)]] = trajectory
             bar.update(1)
             if on_episode is not None:
@@ -214,6 +219,8 @@ class RolloutEngine:
                 episode.steps += result.steps
                 if result.failure is not None or result.done:
                     finish(i, result, result.failure)
+                elif episode.spec.horizon is not None and episode.steps >= episode.spec.horizon:
+                    finish(i, result, None, truncated=True)
                 else:
                     episode.observation = result.observation
         bar.close()

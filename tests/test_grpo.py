@@ -182,3 +182,92 @@ def test_two_process_grpo_matches_one_process(checkpoints, tmp_path):
         assert weights[name].keys() == weights["one"].keys()
         for key, tensor in weights["one"].items():
             torch.testing.assert_close(weights[name][key], tensor, atol=1e-5, rtol=1e-4, msg=f"{name}: {key}")
+
+
+class CountingEnvs:
+    """The fixture's envs, counting the env steps they execute (the accounting's ground truth)."""
+
+    def __init__(self, envs):
+        self.envs, self.executed = envs, 0
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def step(self, actions):
+        results = self.envs.step(actions)
+        self.executed += sum(r.steps for r in results if r is not None)
+        return results
+
+
+def truncated(checkpoints, out, **grpo) -> GRPORecipe:
+    """2 groups of 2 rollouts, one anchor each run to the 16-step cap, the other cut after 8 steps."""
+    r = recipe(checkpoints, out, reward_mode="dense_calib", execution="truncated", anchor_fraction=0.5,
+               grouping="init_state", max_real_steps=EPISODE_STEPS, wm_horizon=8, wm_cotrain=False, **grpo)
+    r.world_model.name, r.world_model.options = "callable", {"fn": "tests.test_world_model:progress_by_brightness"}
+    return r
+
+
+def test_truncated_execution_runs_anchors_to_the_cap_and_cuts_the_rest(envs, checkpoints, tmp_path):
+    from minivla_wmrl.data.trajectories import rollout_trajectories
+    from minivla_wmrl.train.grpo import GRPOTrainer
+
+    counting = CountingEnvs(envs)
+    trainer = GRPOTrainer(truncated(checkpoints, tmp_path), envs=counting, progress=False)
+    batch = trainer.rollouts()
+    for group in np.unique(batch.groups):  # anchors were chosen per group before anything ran
+        assert batch.anchors[batch.groups == group].sum() == 1
+    for t, anchor in zip(batch.trajectories, batch.anchors):
+        assert (t.length, t.truncated, t.spec.horizon) == ((EPISODE_STEPS, False, None) if anchor else (8, True, 8))
+    assert not batch.early.any()  # a random policy: nothing ends within the horizon
+    assert trainer.counters["real_steps"] == counting.executed == 2 * EPISODE_STEPS + 2 * 8
+    assert trainer.counters["real_steps_full"] == 2 * EPISODE_STEPS and trainer.counters["real_steps_horizon"] == 16
+    assert trainer.counters["truncated_episodes"] == 2
+
+    # calibration pairs score the anchors' prefix of the horizon, not their whole episode
+    prefix = trainer.world_model_inputs(batch, 8)
+    scores = trainer.score(batch, prefix)
+    whole = trainer.score(batch, trainer.world_model_inputs(batch))
+    a = batch.anchors
+    assert not np.allclose(scores[a], whole[a]) and np.allclose(scores[~a], whole[~a])
+    for k in np.flatnonzero(a):  # the anchor's prefix is what its cut sibling would have shown
+        assert len(prefix[k].frames) == len(rollout_trajectories([batch.trajectories[k]], None)[0].frames) - 1
+    trainer.rewards(batch, scores)
+    assert [p[0] for p in trainer.debiaser.pairs] == pytest.approx(list(scores[a]))
+
+    # a rollout that ended within the horizon is rewarded with its real outcome, not the world model's guess
+    batch.early = np.array([False, True, False, False])
+    batch.outcomes = np.array([0.0, 1.0, 0.0, 0.0])
+    rewards, _, _ = trainer.rewards(batch, scores)
+    assert rewards[1] == 1.0
+    trainer.close()
+
+
+def test_truncated_run_logs_its_accounting_and_resumes_exactly(envs, checkpoints, tmp_path):
+    counting = CountingEnvs(envs)
+    full = train_grpo(truncated(checkpoints, tmp_path / "full"), envs=counting, progress=False)
+    assert full["history"][-1]["real_steps"] == counting.executed == 2 * 48
+    for r in full["history"]:
+        assert (r["step_real_steps"], r["step_real_steps_full"], r["step_real_steps_horizon"],
+                r["step_truncated_episodes"]) == (48, 32, 16, 2)
+    train_grpo(truncated(checkpoints, tmp_path / "cut", steps=1), envs=envs, progress=False)
+    resumed = train_grpo(truncated(checkpoints, tmp_path / "cut"), envs=envs, progress=False)
+    a, b = full["history"][-1], resumed["history"][-1]
+    assert a["samples"] > 0
+    for key in ("wm_score_mean", "loss", "approx_kl", "real_steps", "real_steps_horizon", "samples"):
+        assert a[key] == pytest.approx(b[key], rel=1e-6, nan_ok=True), key
+    for (name, p), q in zip(full["trainer"].policy.named_parameters(), resumed["trainer"].policy.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+    assert full["trainer"].debiaser.state_dict() == resumed["trainer"].debiaser.state_dict()
+
+
+def test_truncated_settings_are_checked(envs, checkpoints, tmp_path):
+    for extra, message in (({"reward_mode": "sparse"}, "needs reward_mode dense_calib"),
+                           ({"anchor_fraction": 1.0}, "anchor_fraction < 1"),
+                           ({"wm_horizon": EPISODE_STEPS}, "wm_horizon must lie in \\[1, max_real_steps 16\\)"),
+                           ({"execution": "partial"}, "execution must be 'full' or 'truncated'")):
+        bad = truncated(checkpoints, tmp_path / "bad")
+        for key, value in extra.items():
+            setattr(bad.grpo, key, value)
+        with pytest.raises(ValueError, match=message):
+            train_grpo(bad, envs=envs, progress=False)
+    assert not (tmp_path / "bad").exists()

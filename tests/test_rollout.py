@@ -116,3 +116,17 @@ def test_bad_rollout_settings_are_errors(short_envs, policy):
         RolloutEngine(policy, short_envs, RolloutConfig(), cameras=("agentview", "wrist"))
     with pytest.raises(ValueError, match="envs run"):
         RolloutEngine(policy, short_envs, RolloutConfig()).run([EpisodeSpec("libero_10/3", 0)], progress=False)
+
+
+def test_a_horizon_cuts_the_episode_and_the_prefix_of_the_whole_one_matches_it(short_envs, policy):
+    from minivla_wmrl.data.trajectories import trajectory_frames
+
+    task_id = short_envs.infos[0].task_id
+    engine = RolloutEngine(policy, short_envs, RolloutConfig(execute_steps=8, temperature=1.0, seed=3))
+    whole, cut = engine.run([EpisodeSpec(task_id, 1, seed=7), EpisodeSpec(task_id, 1, seed=7, horizon=12)],
+                            progress=False)
+    assert (whole.length, whole.truncated) == (MAX_STEPS, False)
+    assert (cut.length, cut.truncated, cut.success) == (16, True, False)  # the chunk that crosses step 12 finishes
+    np.testing.assert_array_equal(cut.token_ids, whole.token_ids[:2])
+    np.testing.assert_array_equal(trajectory_frames(whole, 12), trajectory_frames(cut))
+    np.testing.assert_array_equal(trajectory_frames(whole, MAX_STEPS), trajectory_frames(whole))

@@ -146,3 +146,31 @@ def test_wm_command_trains_and_resumes_exactly(labelled, tmp_path):
     assert resumed[-1]["loss"] == pytest.approx(full[-1]["loss"], rel=1e-5)
     assert 0.0 <= full[-1]["val_success_auroc"] <= 1.0
     assert cli(["wm", str(recipe), f"out={tmp_path / 'bad'}", "train.stepz=3"]) == 1
+
+
+def test_final_prefix_targets_label_every_prefix_with_the_final_outcome(labelled):
+    demos, failed, _, _ = labelled
+    model = ProgressWorldModel(small_config(dim=32, layers=1))
+    reached = WorldModelTrainer(model, WMTrainConfig(prefix_target="reached"))
+    final = WorldModelTrainer(model, WMTrainConfig(prefix_target="final"))
+    success, failure = demos[0], failed[0]
+    assert reached.example(success, cut=True)[2] == 0.0 or len(success.frames) == 1  # a cut success: not yet
+    for _ in range(5):
+        frames, progress, target, weight = final.example(success, cut=True)
+        assert target == 1.0 and weight == 1.0 and progress[-1] < 1.0  # a prefix, labelled with the final success
+        assert final.example(failure, cut=True)[2] == 0.0
+    with pytest.raises(ValueError, match="prefix_target must be 'reached' or 'final'"):
+        WorldModelTrainer(model, WMTrainConfig(prefix_target="last"))
+
+
+def test_metrics_report_auroc_on_prefixes(labelled):
+    demos, failed, _, _ = labelled
+    model = ProgressWorldModel(small_config(dim=32, layers=1))
+    trainer = WorldModelTrainer(model, WMTrainConfig(eval_prefixes=[1, 3]))
+    metrics = trainer.metrics(demos[:3] + failed[:3])
+    first = model.predict_trajectories([t.frames[:1] for t in demos[:3] + failed[:3]],
+                                       [t.instruction for t in demos[:3] + failed[:3]])
+    assert metrics["prefix1_success_auroc"] == pytest.approx(auroc(first.success, [True] * 3 + [False] * 3))
+    assert 0 <= metrics["prefix3_success_auroc"] <= 1
+    with pytest.raises(ValueError, match="eval_prefixes must be frame counts >= 1"):
+        WorldModelTrainer(model, WMTrainConfig(eval_prefixes=[0]))

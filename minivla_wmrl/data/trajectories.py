@@ -45,23 +45,34 @@ def demo_trajectories(paths: Sequence[str], size: int, stride: int = 8, image_co
     return out
 
 
-def trajectory_frames(trajectory) -> np.ndarray:
-    """A rollout's frames for a world model: the first camera at every query, then the final frame."""
+def trajectory_frames(trajectory, horizon: int | None = None) -> np.ndarray:
+    """A rollout's frames for a world model: the first camera at every query, then the final frame.
+
+    With `horizon`, the frames the same rollout cut at `horizon` env steps would show (the queries
+    issued before it, then the frame where it stopped): the prefix a truncated rollout is scored on.
+    """
     frames = trajectory.frames if trajectory.frames.ndim == 4 else trajectory.frames[:, 0]
-    if trajectory.final_frame is not None:
-        final = trajectory.final_frame if trajectory.final_frame.ndim == 3 else trajectory.final_frame[0]
+    final = trajectory.final_frame
+    if final is not None and final.ndim == 4:
+        final = final[0]
+    if horizon is not None:
+        kept = int(np.sum(trajectory.query_steps < horizon))
+        if kept < len(frames):  # the episode ran on: the prefix ends at the next query's frame
+            frames, final = frames[:kept], frames[kept]
+    if final is not None:
         frames = np.concatenate([frames, final[None]])
     return frames
 
 
-def rollout_trajectories(trajectories, size: int | None) -> list[LabelledTrajectory]:
-    """Rollout-engine trajectories → labelled ones (resized to `size` unless None); infrastructure
+def rollout_trajectories(trajectories, size: int | None, horizon: int | None = None) -> list[LabelledTrajectory]:
+    """Rollout-engine trajectories → labelled ones (resized to `size` unless None; cut to the
+    prefix of `horizon` steps unless None, labelled with the final outcome); infrastructure
     failures are dropped: they say nothing about the policy."""
     out = []
     for t in trajectories:
         if t.failure is not None or not len(t.frames):
             continue
-        frames = trajectory_frames(t)
+        frames = trajectory_frames(t, horizon)
         out.append(LabelledTrajectory(frames if size is None else resize_frames(frames, size), t.instruction,
                                       bool(t.success), "rollout", t.spec.task_id))
     return out

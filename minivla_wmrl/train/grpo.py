@@ -31,7 +31,7 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +68,8 @@ class GRPOConfig:
     temperature: float = 1.0  # the WMRL paper's; peers use 1.5-1.6
     execute_steps: int = 8  # actions per query (the whole VQ chunk)
     max_real_steps: int = 520  # real-simulator step cap after the 10 wait steps
+    execution: str = "full"  # "full": every rollout runs to success or the cap; "truncated": only anchors do
+    wm_horizon: int = 200  # truncated: real steps a non-anchor runs; the world model scores the rest
     reward_mode: str = "dense_calib"
     anchor_fraction: float = 1.0  # anchors per group = round(fraction × size); < 1 for denoising to act
     min_anchors: int = 2  # per step at least this many anchors (added at random)
@@ -176,12 +178,42 @@ def validate(recipe: GRPORecipe) -> None:
                          "or lower init_states_per_step)")
     if len(g.success_band) != 2 or not 0 <= g.success_band[0] <= g.success_band[1] <= 1:
         raise ValueError(f"grpo.success_band must be [lo, hi] with 0 <= lo <= hi <= 1, got {g.success_band}")
+    if g.execution not in ("full", "truncated"):
+        raise ValueError(f"grpo.execution must be 'full' or 'truncated', got {g.execution!r}")
+    if g.execution == "truncated":
+        if g.reward_mode != "dense_calib" or g.anchor_fraction >= 1 or g.dynamic_sampling:
+            raise ValueError("grpo.execution 'truncated' needs reward_mode dense_calib (the world model scores the cut "
+                             "rollouts), anchor_fraction < 1 (anchors are never cut) and no dynamic_sampling (a cut "
+                             f"rollout's outcome is unknown); got {g.reward_mode}, {g.anchor_fraction}, "
+                             f"{g.dynamic_sampling}")
+        if not 1 <= g.wm_horizon < g.max_real_steps:
+            raise ValueError(f"grpo.wm_horizon must lie in [1, max_real_steps {g.max_real_steps}), got {g.wm_horizon}")
     if g.real_step_budget < 0:
         raise ValueError(f"grpo.real_step_budget must be >= 0 (0: no budget), got {g.real_step_budget}")
     if g.inner_epochs < 1 or g.minibatch_size < 1 or g.queries_per_rollout < 1 or g.max_resample < 0:
         raise ValueError("grpo.inner_epochs, minibatch_size and queries_per_rollout must be >= 1, max_resample >= 0")
     if not recipe.policy.checkpoint:
         raise ValueError("policy.checkpoint is empty; GRPO starts from an SFT checkpoint (minivla-wmrl sft)")
+
+
+@dataclass
+class RolloutSummary:
+    """What every process learns of a rollout it may not hold (gathered under torchrun)."""
+
+    success: bool
+    valid: bool  # False: an infrastructure failure
+    length: int  # env steps executed
+    num_queries: int
+    instruction: str
+    truncated: bool  # cut at the horizon
+    early: bool  # ended (success or a terminal failure) within `horizon` steps, as a rollout cut there would
+
+    @classmethod
+    def of(cls, t: Trajectory, horizon: int) -> "RolloutSummary":
+        issued = t.query_steps[:len(t.executed)]  # a worker lost mid-step leaves a query without its steps
+        within = int(t.executed[issued < horizon].sum())  # the steps a rollout cut at `horizon` runs
+        return cls(t.success, t.failure is None, t.length, t.num_queries, t.instruction, t.truncated,
+                   not t.truncated and t.length <= within)
 
 
 @dataclass
@@ -201,6 +233,7 @@ class StepBatch:
     instructions: list[str]
     resampled_groups: int = 0
     skipped_groups: int = 0
+    early: np.ndarray | None = None  # truncated execution: ended within the horizon, its real outcome known (bool)
 
     def local(self) -> list[int]:
         return [k for k, t in enumerate(self.trajectories) if t is not None]
@@ -247,7 +280,8 @@ class GRPOTrainer:
             print("grpo: every rollout is an anchor (anchor_fraction 1): the anchor weight scales all advantages "
                   "alike and Adam cancels it; set anchor_fraction < 1 for denoising to act", file=sys.stderr)
         self.weighter = InverseVarianceWeighter(**asdict(recipe.denoise))
-        self.step, self.counters = 0, {"real_steps": 0, "real_episodes": 0, "real_labels_used": 0}
+        self.step, self.counters = 0, {"real_steps": 0, "real_episodes": 0, "real_labels_used": 0,
+                                       "real_steps_full": 0, "real_steps_horizon": 0, "truncated_episodes": 0}
 
         self.envs = envs if envs is not None else self._make_envs()
         self.owns_envs = envs is None
@@ -282,8 +316,10 @@ class GRPOTrainer:
 
     # -- 1. rollouts ------------------------------------------------------------------------------------
 
-    def _specs(self, task_index: int, attempt: int, group_slots: list[int]) -> list[tuple[EpisodeSpec, int]]:
-        """Episode specs for the given group slots of one task (init states and seeds fixed by step/attempt)."""
+    def _specs(self, task_index: int, attempt: int, group_slots: list[int]) -> list[tuple[EpisodeSpec, int, bool]]:
+        """(spec, group, anchor) for the given group slots of one task (init states and seeds fixed by
+        step/attempt). Truncated execution picks each group's anchors here, before anything runs,
+        and cuts every other rollout at `wm_horizon`; full execution picks anchors afterwards."""
         g, task_id = self.recipe.grpo, self.task_ids[task_index]
         rng = np.random.default_rng([g.seed, self.step, attempt, task_index])
         pool = self.init_pools[task_id]
@@ -296,7 +332,16 @@ class GRPOTrainer:
                 continue
             for r in range(per_state):
                 seed = int(np.random.SeedSequence([g.seed, self.step, attempt, task_index, slot, r]).generate_state(1)[0])
-                specs.append((EpisodeSpec(task_id, pool[states[slot]], seed=seed), group))
+                specs.append((EpisodeSpec(task_id, pool[states[slot]], seed=seed), group, False))
+        if g.execution == "truncated":
+            anchor_rng = np.random.default_rng([g.seed, self.step, attempt, task_index, 5_000_003])
+            groups = np.array([group for _, group, _ in specs])
+            anchors = np.zeros(len(specs), bool)
+            for group in np.unique(groups):  # at least one anchor per group: every group calibrates
+                members = np.flatnonzero(groups == group)
+                anchors[anchor_rng.choice(members, max(1, round(g.anchor_fraction * len(members))), replace=False)] = True
+            specs = [(replace(spec, horizon=None if anchor else g.wm_horizon), group, bool(anchor))
+                     for (spec, group, _), anchor in zip(specs, anchors)]
         return specs
 
     def rollouts(self) -> StepBatch:
@@ -308,23 +353,21 @@ class GRPOTrainer:
         kept: dict[int, list[tuple]] = {}  # group -> [(summary, trajectory or None)]
         resampled = 0
         for attempt in range(g.max_resample + 1 if g.dynamic_sampling else 1):
-            todo = [(spec, group) for t, slots in wanted.items() for spec, group in self._specs(t, attempt, slots)]
+            todo = [item for t, slots in wanted.items() for item in self._specs(t, attempt, slots)]
             if not todo:
                 break
             mine = list(range(rank, len(todo), world))
             local = dict(zip(mine, self.engine.run([todo[k][0] for k in mine], progress=self.progress,
                                                    desc=f"step {self.step + 1} rollouts")))
             summaries = {}
-            for part in self.dist.gather({k: (t.success, t.failure is None, t.length, t.num_queries, t.instruction)
-                                          for k, t in local.items()}):
+            for part in self.dist.gather({k: RolloutSummary.of(t, g.wm_horizon) for k, t in local.items()}):
                 summaries.update(part)
-            self.counters["real_episodes"] += len(todo)
-            self.counters["real_steps"] += sum(summaries[k][2] for k in range(len(todo)))
+            self._count(todo, summaries)
             by_group: dict[int, list[tuple]] = {}
-            for k, (_, group) in enumerate(todo):
-                by_group.setdefault(group, []).append((summaries[k], local.get(k)))
+            for k, (_, group, planned) in enumerate(todo):
+                by_group.setdefault(group, []).append((summaries[k], local.get(k), planned))
             for group, members in by_group.items():
-                rate = np.mean([m[0][0] for m in members if m[0][1]] or [0.0])
+                rate = np.mean([m[0].success for m in members if m[0].valid] or [0.0])
                 if not g.dynamic_sampling or g.success_band[0] <= rate <= g.success_band[1]:
                     kept[group] = members
             wanted = {t: [s for s in slots if s not in kept] for t, slots in wanted.items()}
@@ -332,10 +375,25 @@ class GRPOTrainer:
         skipped = sum(len(s) for s in wanted.values())
         members = [m for group in sorted(kept) for m in kept[group]]
         groups = np.array([group for group in sorted(kept) for _ in kept[group]], dtype=np.int64)
-        valid = np.array([m[0][1] for m in members], bool)
-        return StepBatch([m[1] for m in members], groups, np.array([float(m[0][0]) for m in members]),
-                         self._anchors(groups, valid), valid, np.array([m[0][3] for m in members], np.int64),
-                         [m[0][4] for m in members], resampled if g.dynamic_sampling else 0, skipped)
+        valid = np.array([m[0].valid for m in members], bool)
+        truncated = g.execution == "truncated"
+        anchors = np.array([m[2] for m in members], bool) & valid if truncated else self._anchors(groups, valid)
+        return StepBatch(trajectories=[m[1] for m in members], groups=groups,
+                         outcomes=np.array([float(m[0].success) for m in members]), anchors=anchors, valid=valid,
+                         num_queries=np.array([m[0].num_queries for m in members], np.int64),
+                         instructions=[m[0].instruction for m in members],
+                         resampled_groups=resampled if g.dynamic_sampling else 0, skipped_groups=skipped,
+                         early=np.array([m[0].early for m in members], bool) & valid if truncated else None)
+
+    def _count(self, todo: list[tuple], summaries: dict) -> None:
+        """Real-simulator episodes and steps as the envs executed them, split into rollouts free to
+        run to success or the cap (all under full execution, the anchors under truncated) and
+        rollouts cut at `wm_horizon`; `truncated_episodes`: those actually cut."""
+        for k, (spec, _, _) in enumerate(todo):
+            self.counters["real_episodes"] += 1
+            self.counters["real_steps"] += summaries[k].length
+            self.counters["real_steps_full" if spec.horizon is None else "real_steps_horizon"] += summaries[k].length
+            self.counters["truncated_episodes"] += int(summaries[k].truncated)
 
     def _anchors(self, groups: np.ndarray, valid: np.ndarray) -> np.ndarray:
         g = self.recipe.grpo
@@ -354,12 +412,13 @@ class GRPOTrainer:
 
     # -- 2-7. scoring, corrections, rewards, advantages -----------------------------------------------------
 
-    def world_model_inputs(self, batch: StepBatch) -> dict[int, LabelledTrajectory]:
+    def world_model_inputs(self, batch: StepBatch, horizon: int | None = None) -> dict[int, LabelledTrajectory]:
         """This process's valid rollouts as the world model reads them (query frames + final frame,
-        at its image size), by rollout index: scored, and co-trained on for the anchors."""
+        at its image size; with `horizon`, the prefix of that many steps), by rollout index: scored,
+        and (whole) co-trained on for the anchors."""
         size = getattr(getattr(self.world_model, "config", None), "image_size", None)
         index = [k for k in batch.local() if batch.valid[k]]
-        return dict(zip(index, rollout_trajectories([batch.trajectories[k] for k in index], size)))
+        return dict(zip(index, rollout_trajectories([batch.trajectories[k] for k in index], size, horizon)))
 
     def score(self, batch: StepBatch, inputs: dict[int, LabelledTrajectory]) -> np.ndarray:
         """World-model scores of every valid rollout (NaN for infrastructure failures); each process
@@ -392,17 +451,23 @@ class GRPOTrainer:
         elif g.reward_mode == "dense_raw":
             rewards = scores.copy()
         else:
-            self.debiaser.add(scores[a], y[a])
+            # calibration pairs: (score, real final outcome) of anchors; under truncated execution the
+            # score of the anchor's prefix, for anchors that ran past the horizon: exactly what a cut
+            # rollout's calibrated score estimates, P(real success | prefix score)
+            pairs = a if batch.early is None else a & ~batch.early
+            self.debiaser.add(scores[pairs], y[pairs])
             if self.debiaser.calibrated:
-                before = centred_residual(scores[a], y[a], batch.groups[a])
-                after = centred_residual(self.debiaser(scores[a]), y[a], batch.groups[a])
+                before = centred_residual(scores[pairs], y[pairs], batch.groups[pairs])
+                after = centred_residual(self.debiaser(scores[pairs]), y[pairs], batch.groups[pairs])
                 log.update(calibrated=1.0, bias_reduction=1 - after / before if before > 0 else float("nan"))
-                for group in np.unique(batch.groups[a]):
-                    member = a & (batch.groups == group)
+                for group in np.unique(batch.groups[pairs]):
+                    member = pairs & (batch.groups == group)
                     self.weighter.observe(self.debiaser(scores[member]), y[member])
             calibrated = self.debiaser(scores)
             anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[g.anchor_reward]
             rewards = np.where(a, anchor_value, calibrated)
+            if batch.early is not None:
+                rewards = np.where(batch.early, y, rewards)  # ended within the horizon: its real outcome counts
         rewards = np.where(batch.valid, rewards, np.nan)
         if g.shuffle_rewards:
             rewards = shuffle_within_groups(rewards, batch.groups, np.random.default_rng([g.seed, self.step, 4_000_003]))
@@ -515,12 +580,12 @@ class GRPOTrainer:
     def train_step(self) -> dict:
         g = self.recipe.grpo
         self.policy.eval()
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), dict(self.counters)
         with full_parameters(self.policy):
             batch = self.rollouts()
         t1 = time.perf_counter()
         inputs = self.world_model_inputs(batch)
-        scores = self.score(batch, inputs)
+        scores = self.score(batch, self.world_model_inputs(batch, g.wm_horizon) if batch.early is not None else inputs)
         rewards, advantages, log = self.rewards(batch, scores)
         t2 = time.perf_counter()
         samples = self._samples(batch, advantages)
@@ -542,6 +607,8 @@ class GRPOTrainer:
             "wm_score_mean": float(np.nanmean(scores)) if valid.any() else float("nan"),
             **log, "samples": len(samples), **update, "wm_loss": wm_loss,
             "resampled_groups": batch.resampled_groups, "skipped_groups": batch.skipped_groups, **self.counters,
+            **{f"step_{k}": self.counters[k] - before[k] for k in ("real_episodes", "real_steps", "real_steps_full",
+                                                                 "real_steps_horizon", "truncated_episodes")},
             "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
         }
         return record
@@ -573,7 +640,8 @@ class GRPOTrainer:
         if isinstance(self.world_model, torch.nn.Module):
             load_model(self.world_model, str(directory / "world_model" / "model.safetensors"), strict=True)
         state = torch.load(directory / "training_state.pt", weights_only=False, mmap=True)  # one copy per host
-        self.step, self.counters = state["step"], state["counters"]
+        self.step = state["step"]
+        self.counters.update(state["counters"])
         load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         self.debiaser.load_state_dict(state["debiaser"])
         self.weighter.load_state_dict(state["weighter"])

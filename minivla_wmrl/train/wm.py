@@ -6,8 +6,14 @@ unchanged. A rollout labelled by the real simulator keeps its success label; a s
 gets the same progress ramp, a failed one progress 0 (`failed_progress: zero`) or no progress
 loss (`none`). Each example shows the model `num_frames` frames sampled uniformly.
 
-Reported on held-out trajectories: success AUROC, mean Spearman rank correlation of predicted
-progress with time on successes, and expected calibration error of the success probability.
+Prefix targets (`prefix_target`): "reached" labels a cut success as not yet a success; "final"
+cuts every trajectory and keeps its final real outcome, so the success head estimates
+P(real success | prefix): a full real-labelled trajectory gives labelled prefixes of every
+length, which is what GRPO's truncated execution scores its cut rollouts with.
+
+Reported on held-out trajectories: success AUROC (also on prefixes of `eval_prefixes` frames),
+mean Spearman rank correlation of predicted progress with time on successes, and expected
+calibration error of the success probability.
 `WorldModelTrainer.update` is the online step GRPO calls with newly labelled rollouts.
 """
 
@@ -40,7 +46,12 @@ class WMTrainConfig:
     lr: float = 3e-4
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    prefix_prob: float = 0.5  # chance a demo/success example is cut to a random prefix (a not-yet-success)
+    prefix_prob: float = 0.5  # chance an example is cut to a random prefix
+    # what a prefix's success target is: "reached" (successes cut: not yet a success; failures never cut)
+    # or "final" (every trajectory cut, labelled with its final real outcome: P(success | prefix), what
+    # truncated GRPO execution needs)
+    prefix_target: str = "reached"
+    eval_prefixes: list[int] = field(default_factory=list)  # also report held-out AUROC on prefixes of these many frames
     failed_progress: str = "zero"  # "zero": failed rollouts' progress target is 0; "none": no progress loss on them
     progress_weight: float = 1.0
     success_weight: float = 1.0
@@ -116,6 +127,10 @@ class WorldModelTrainer:
         so every process's copy of the world model takes the same steps."""
         if config.failed_progress not in ("zero", "none"):
             raise ValueError(f"failed_progress must be 'zero' or 'none', got {config.failed_progress!r}")
+        if config.prefix_target not in ("reached", "final"):
+            raise ValueError(f"prefix_target must be 'reached' or 'final', got {config.prefix_target!r}")
+        if any(n < 1 for n in config.eval_prefixes):
+            raise ValueError(f"eval_prefixes must be frame counts >= 1, got {config.eval_prefixes}")
         self.model, self.config, self.reduce_gradients = model, config, reduce_gradients
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
                                            weight_decay=config.weight_decay)
@@ -128,12 +143,13 @@ class WorldModelTrainer:
         idx = sample_frame_indices(end, n)
         ramp = idx / max(length - 1, 1)
         if t.success:
-            return t.frames[idx], ramp, float(end == length), 1.0
+            return t.frames[idx], ramp, float(end == length or self.config.prefix_target == "final"), 1.0
         weight = 1.0 if self.config.failed_progress == "zero" else 0.0
         return t.frames[idx], np.zeros(n), 0.0, weight
 
     def loss(self, batch: list[LabelledTrajectory], cut: bool = True) -> torch.Tensor:
-        examples = [self.example(t, cut and t.success and self.rng.random() < self.config.prefix_prob) for t in batch]
+        cuttable = lambda t: t.success or self.config.prefix_target == "final"  # noqa: E731
+        examples = [self.example(t, cut and cuttable(t) and self.rng.random() < self.config.prefix_prob) for t in batch]
         device = self.model.device
         frames = torch.as_tensor(np.stack([e[0] for e in examples]))
         progress_target = torch.tensor(np.stack([e[1] for e in examples]), dtype=torch.float32, device=device)
@@ -178,9 +194,13 @@ class WorldModelTrainer:
         correlations = [spearmanr(np.arange(p.size), p).statistic for p, y in zip(prediction.progress, labels)
                         if y and np.ptp(p) > 0]
         potential = prediction.progress[:, -3:].mean(1) - prediction.progress[:, :3].mean(1)
+        prefixes = {}
+        for n in self.config.eval_prefixes:  # the final outcome predicted from the first n frames
+            cut = self.model.predict_trajectories([t.frames[:n] for t in trajectories], [t.instruction for t in trajectories])
+            prefixes[f"prefix{n}_success_auroc"] = auroc(cut.success, labels)
         return {"success_auroc": auroc(prediction.success, labels), "potential_auroc": auroc(potential, labels),
                 "progress_spearman": float(np.mean(correlations)) if correlations else float("nan"),
-                "calibration_error": calibration_error(prediction.success, labels),
+                "calibration_error": calibration_error(prediction.success, labels), **prefixes,
                 "held_out": len(trajectories), "held_out_successes": int(labels.sum())}
 
     def state_dict(self) -> dict:
@@ -276,3 +296,5 @@ def main(args) -> None:
     if "val_success_auroc" in last:
         print(f"held-out success AUROC {last['val_success_auroc']:.3f}, potential AUROC {last['val_potential_auroc']:.3f}, "
               f"progress Spearman {last['val_progress_spearman']:.3f}, calibration error {last['val_calibration_error']:.3f}")
+        for n in recipe.train.eval_prefixes:
+            print(f"held-out success AUROC from the first {n} frames: {last[f'val_prefix{n}_success_auroc']:.3f}")
