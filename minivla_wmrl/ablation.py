@@ -111,6 +111,7 @@ def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
             "train_success_mean_last3": float(np.mean([m["success_rate"] for m in metrics[-3:]])),
             "grpo_steps": metrics[-1]["step"], "real_steps": metrics[-1]["real_steps"],
             "real_episodes": metrics[-1]["real_episodes"], "train_s": train_s,
+            **{k: metrics[-1].get(k, 0) for k in ("real_steps_full", "real_steps_horizon", "truncated_episodes")},
             "wall_s": time.perf_counter() - start}
     with atomic_file(directory / "cell.json") as tmp:
         tmp.write_text(json.dumps(cell, indent=2))
@@ -220,13 +221,21 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
             "grpo_steps": [c["grpo_steps"] for c in cells],
             "real_steps": mean_interval([c["real_steps"] for c in cells]),
             "real_episodes": mean_interval([c["real_episodes"] for c in cells]),
+            "real_steps_per_grpo_step": float(np.mean([c["real_steps"] / c["grpo_steps"] for c in cells])),
+            "real_steps_horizon_share": float(np.mean([c.get("real_steps_horizon", 0) / c["real_steps"] for c in cells])),
             "wall_s": mean_interval([c["wall_s"] for c in cells]),
             "curve": _curve(cells),
         })
     first = a.arms[0].name
+    sft_info = json.loads((sft_eval / "eval_info.json").read_text())
+    target = arms[0]["curve"][-1]["success"]["mean"]  # the first arm's final held-out success
+    first_needs = steps_to_reach(arms[0]["curve"], sft_info["overall"]["success_rate"], target)
+    for entry in arms:
+        entry["steps_to_first_arm_final"] = needs = steps_to_reach(entry["curve"], sft_info["overall"]["success_rate"],
+                                                                   target)
+        entry["real_step_ratio"] = first_needs / needs if needs and first_needs is not None else None
     for entry in arms[1:]:  # on the seed indices both arms ran
         entry["vs_first_arm"] = paired_difference(finals[first], finals[entry["arm"]])
-    sft_info = json.loads((sft_eval / "eval_info.json").read_text())
     return {"sft": sft_info["overall"], "eval_settings": sft_settings, "arms": arms, "first_arm": first,
             "seeding": "paired: every arm uses the same GRPO seeds" if a.paired_seeds else
                        f"independent: arm i uses GRPO seed s + {SEED_STRIDE} × i",
@@ -243,6 +252,19 @@ def _curve(cells: list[dict]) -> list[dict]:
                       "real_steps": float(np.mean([p["real_steps"] for p in points])),
                       "success": mean_interval([p["success"]["success_rate"] for p in points])})
     return curve
+
+
+def steps_to_reach(curve: list[dict], sft_success: float, target: float) -> float | None:
+    """Cumulative real-simulator steps at which the mean held-out success curve (starting from the
+    SFT checkpoint at 0 steps) first reaches `target`, interpolated linearly between evaluated
+    checkpoints; None if it never does."""
+    points = [(0.0, sft_success)] + [(p["real_steps"], p["success"]["mean"]) for p in curve]
+    if sft_success >= target:
+        return 0.0
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if y1 >= target:  # y0 < target <= y1
+            return x0 + (x1 - x0) * (target - y0) / (y1 - y0)
+    return None
 
 
 def _pct(interval) -> str:
@@ -274,7 +296,17 @@ def ablation_table(report: dict) -> str:
             f"{arm['real_episodes']['mean']:.0f} | {arm['real_steps']['mean']:.0f} | {arm['wall_s']['mean']:.0f} |")
     lines += ["", "Paired differences pool the seeds: each seed's checkpoint against the SFT checkpoint (or the first "
               "arm's checkpoint of the same seed index) on the same init state and sampling seed; the interval is a "
-              "bootstrap over init states, p the exact McNemar test of the discordant episodes."]
+              "bootstrap over init states, p the exact McNemar test of the discordant episodes.", "",
+              f"Real-simulator cost, measured: steps the envs executed. Ratio: real steps {report['first_arm']} needs to "
+              f"reach its final held-out success over the steps the arm needs to reach it (mean curves, linear between "
+              "evaluated checkpoints; > 1: cheaper).", "",
+              "| arm | real steps per GRPO step | share cut at the horizon | real steps to reach "
+              f"{report['first_arm']}'s final success | ratio |", "|---|---|---|---|---|"]
+    for arm in report["arms"]:
+        needs, ratio = arm["steps_to_first_arm_final"], arm["real_step_ratio"]
+        lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} | {100 * arm['real_steps_horizon_share']:.0f}% | "
+                     f"{'not reached' if needs is None else f'{needs:.0f}'} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}x'} |")
     return "\n".join(lines) + "\n"
 
 

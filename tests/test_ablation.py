@@ -61,8 +61,12 @@ def test_ablation_pairs_arms_on_held_out_states_and_resumes(recipe_path, capsys)
         assert arm["curve"][0]["real_steps"] < arm["curve"][1]["real_steps"] == arm["real_steps"]["mean"]
     assert len(sparse["held_out_per_seed"]) == 2 and sparse["held_out"]["ci95"] is not None
     assert len(lr0["held_out_per_seed"]) == 1 and lr0["held_out"]["ci95"] is None  # one seed: no interval
+    for arm in (sparse, lr0):
+        assert arm["real_steps_per_grpo_step"] == pytest.approx(arm["real_steps"]["mean"] / 2)
+        assert arm["real_steps_horizon_share"] == 0  # full execution: nothing cut
+    assert sparse["steps_to_first_arm_final"] is not None  # the first arm reaches its own final success
     table = (out / "ablation" / "ablation.md").read_text()
-    assert "| lr0 |" in table and "8/8" in table
+    assert "| lr0 |" in table and "8/8" in table and "Real-simulator cost" in table
     assert (out / "ablation" / "ablation.png").stat().st_size > 0
 
     cells = sorted((out / "ablation").glob("*/seed*/cell.json"))
@@ -81,3 +85,13 @@ def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):
     assert cli(["ablate", str(path.with_name("bad.yaml"))]) == 1
     assert "learning_rate" in capsys.readouterr().err
     assert not (out.parent / "bad" / "ablation").exists()
+
+
+def test_steps_to_reach_interpolates_along_the_mean_curve():
+    from minivla_wmrl.ablation import steps_to_reach
+
+    curve = [{"real_steps": 100.0, "success": {"mean": 0.3}}, {"real_steps": 300.0, "success": {"mean": 0.5}}]
+    assert steps_to_reach(curve, 0.2, 0.4) == pytest.approx(200.0)  # halfway between 0.3 at 100 and 0.5 at 300
+    assert steps_to_reach(curve, 0.2, 0.25) == pytest.approx(50.0)  # between SFT (0 steps) and the first checkpoint
+    assert steps_to_reach(curve, 0.45, 0.4) == 0.0  # SFT already there
+    assert steps_to_reach(curve, 0.2, 0.6) is None

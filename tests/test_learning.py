@@ -98,3 +98,19 @@ def test_grpo_lifts_a_weak_policy_and_shuffled_rewards_do_not(start, tmp_path):
     assert learned[0] <= 0.3 and shuffled[0] <= 0.3, (learned, shuffled)  # a weak start, 32 sampled episodes a step
     assert np.mean(learned[-2:]) >= 0.7, learned  # 64 sampled episodes over the last two steps
     assert np.mean(shuffled[-2:]) < 0.5, shuffled
+
+
+def test_truncated_execution_runs_on_a_gymnasium_env(start, tmp_path):
+    """WMRL with truncated execution on the gymnasium path: 8 anchors of 32 run the whole 16 steps
+    (or to success), the rest stop after one 8-action chunk unless they succeed first."""
+    recipe = learning_recipe(start, tmp_path, steps=2, reward_mode="dense_calib", execution="truncated",
+                             anchor_fraction=0.25, wm_horizon=8, wm_reduction="success")
+    recipe.debias.min_pairs = 8
+    history = train_grpo(recipe, progress=False)["history"]
+    for r in history:
+        assert r["step_real_episodes"] == 32 and r["anchor_fraction"] == 0.25
+        assert r["step_real_steps_full"] <= 8 * EPISODE_STEPS and r["step_real_steps_horizon"] <= 24 * 8
+        assert r["step_truncated_episodes"] * 8 <= r["step_real_steps_horizon"]
+        assert r["step_real_steps"] == r["step_real_steps_full"] + r["step_real_steps_horizon"]
+    assert history[-1]["real_steps"] == sum(r["step_real_steps"] for r in history)
+    assert history[-1]["truncated_episodes"] > 0 and history[-1]["samples"] > 0
