@@ -33,6 +33,8 @@ class ActionTokenizerConfig:
     commitment_weight: float = 5.0
     ema_decay: float = 0.8
     ema_eps: float = 1e-5  # Laplace smoothing of the EMA cluster sizes
+    act_scale: float = 1.0  # released `act_scale`: chunks are divided by it before encoding, decoded ones multiplied
+    rotation_trick: bool = False  # False: VQ-BeT's straight-through gradient; True: the pip library's rotation trick
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "action tokenizer config") -> ActionTokenizerConfig:
@@ -44,7 +46,7 @@ class ActionTokenizerConfig:
         try:
             return cls(chunk_len=int(data["input_dim_h"]), action_dim=int(data["input_dim_w"]),
                        latent_dim=int(data["n_latent_dims"]), codebook_size=int(data["vqvae_n_embed"]),
-                       num_codebooks=int(data["vqvae_groups"]))
+                       num_codebooks=int(data["vqvae_groups"]), act_scale=float(data.get("act_scale", 1.0)))
         except KeyError as key:
             raise ValueError(f"released VQ config lacks {key}; expected input_dim_w, input_dim_h, n_latent_dims, "
                              "vqvae_n_embed, vqvae_groups") from None
@@ -79,7 +81,7 @@ class ActionTokenizer(nn.Module):
         self.vq = ResidualVQ(dim=config.latent_dim, num_quantizers=config.num_codebooks,
                              codebook_size=config.codebook_size, decay=config.ema_decay, eps=config.ema_eps,
                              commitment_weight=config.commitment_weight, kmeans_init=False,
-                             threshold_ema_dead_code=0)
+                             threshold_ema_dead_code=0, rotation_trick=config.rotation_trick)
 
     @property
     def chunk_shape(self) -> tuple[int, int]:
@@ -99,22 +101,23 @@ class ActionTokenizer(nn.Module):
 
         In train mode the residual VQ updates its codebooks by EMA here; gradients reach only the MLPs.
         """
-        chunks = self._check_chunks(chunks)
-        latent = self.encoder(chunks.flatten(1))
+        scaled = self._check_chunks(chunks) / self.config.act_scale
+        latent = self.encoder(scaled.flatten(1))
         quantized, codes, commitment = self.vq(latent[:, None])
-        reconstruction = self.decoder(quantized[:, 0]).view_as(chunks)
-        l1 = (reconstruction - chunks).abs().mean()
+        reconstruction = self.decoder(quantized[:, 0]).view_as(scaled)
+        l1 = (reconstruction - scaled).abs().mean()
         commitment = commitment.sum()
-        return reconstruction, codes[:, 0], {"loss": l1 + commitment, "l1": l1, "commitment": commitment}
+        return (reconstruction * self.config.act_scale, codes[:, 0],
+                {"loss": l1 + commitment, "l1": l1, "commitment": commitment})
 
     @torch.no_grad()
     def encode(self, chunks) -> torch.Tensor:
         """Normalised chunks (B, chunk_len, action_dim) → codes (B, num_codebooks), coarse first."""
-        chunks = self._check_chunks(chunks)
+        scaled = self._check_chunks(chunks) / self.config.act_scale
         training = self.vq.training
         self.vq.eval()  # encoding must never move the codebooks (the VQ updates its EMA in train mode)
         try:
-            _, codes, _ = self.vq(self.encoder(chunks.flatten(1))[:, None])
+            _, codes, _ = self.vq(self.encoder(scaled.flatten(1))[:, None])
         finally:
             self.vq.train(training)
         return codes[:, 0]
@@ -129,7 +132,7 @@ class ActionTokenizer(nn.Module):
         if codes.numel() and (codes.min() < 0 or codes.max() >= c.codebook_size):
             raise ValueError(f"codes must lie in 0..{c.codebook_size - 1}")
         latent = self.vq.get_output_from_indices(codes[:, None])[:, 0]
-        return self.decoder(latent).view(-1, *self.chunk_shape)
+        return self.decoder(latent).view(-1, *self.chunk_shape) * c.act_scale
 
     def codes_to_token_ids(self, codes, vocab_len: int) -> torch.Tensor:
         """Code c → token id vocab_len - 1 - c (code 0 is the last added token)."""
@@ -187,6 +190,9 @@ class ActionTokenizer(nn.Module):
 
     def _load_checked(self, state: dict[str, torch.Tensor], where: Path) -> None:
         expected = self.state_dict()
+        buffers = {name for name, _ in self.named_buffers()}
+        state = {k: v.reshape(expected[k].shape) if k in buffers and k in expected and v.shape != expected[k].shape
+                 and v.numel() == expected[k].numel() else v for k, v in state.items()}  # VQ-BeT's vendored VQ: initted (1,)
         missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
         wrong = [f"{k}: {tuple(state[k].shape)} vs config {tuple(v.shape)}" for k, v in expected.items()
                  if k in state and state[k].shape != v.shape]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from minivla_wmrl.evaluate import read_episodes
+from minivla_wmrl.evaluate import read_episodes, setting
 from minivla_wmrl.statistics import paired_difference
 
 # the settings that may differ between compared evaluations: what is compared, and what cannot change results
@@ -35,9 +35,9 @@ def load_evaluation(path: Path) -> tuple[dict, dict]:
 
 def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
     keys = sorted((set(a) | set(b)) - set(FREE_SETTINGS))
-    differ = [k for k in keys if a.get(k) != b.get(k)]
+    differ = [k for k in keys if setting(a, k) != setting(b, k)]
     if differ:
-        details = "; ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in differ)
+        details = "; ".join(f"{k}: {setting(a, k)!r} vs {setting(b, k)!r}" for k in differ)
         raise ValueError(f"{name_a} and {name_b} were evaluated with different settings that change results ({details}); "
                          "evaluate both with the same settings")
 

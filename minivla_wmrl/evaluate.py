@@ -71,6 +71,13 @@ def checkpoint_hash(directory: Path) -> str:
     return digest.hexdigest()
 
 
+SETTING_DEFAULTS = {"center_crop": False}  # settings recorded later: what evaluations written before them ran with
+
+
+def setting(recorded: dict, key: str):
+    return recorded.get(key, SETTING_DEFAULTS.get(key))
+
+
 def settings(config: EvalConfig, tasks: list[int]) -> dict:
     """Everything that changes the numbers; a resumed evaluation must match it exactly."""
     protocol_cap = SUITE_MAX_STEPS.get(config.suite)
@@ -207,11 +214,11 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    run_settings = settings(config, tasks)
+    run_settings = settings(config, tasks) | {"center_crop": policy.config.center_crop}
     settings_path = out / "eval_settings.json"
     if settings_path.exists():
         previous = json.loads(settings_path.read_text())
-        changed = sorted(k for k in run_settings if previous.get(k) != run_settings[k] and k not in ("torch", "python"))
+        changed = sorted(k for k in run_settings if setting(previous, k) != run_settings[k] and k not in ("torch", "python"))
         if changed:
             raise ValueError(f"{out} holds an evaluation with other settings ({', '.join(changed)}); "
                              "resume with the same settings or choose another --out")

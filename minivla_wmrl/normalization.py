@@ -1,7 +1,8 @@
 """Action normalisation as MiniVLA/OpenVLA do it (BOUNDS_Q99), and `dataset_statistics.json`.
 
 The first six LIBERO dims map [q01, q99] to [-1, 1] and clip; the gripper is not normalised
-(mask false) but its sign convention changes: LIBERO's raw -1 open / +1 close becomes 1 open /
+(mask false; a statistics file without a mask normalises every dim, as the reference reads it);
+a dim with min == max becomes 0. The gripper's sign convention changes: LIBERO's raw -1 open / +1 close becomes 1 open /
 0 close for training, and back at evaluation.
 """
 
@@ -50,10 +51,11 @@ class ActionStatistics:
                    num_trajectories=num_trajectories, proprio=proprio_stats)
 
     def normalize(self, actions: np.ndarray) -> np.ndarray:
-        """Training-convention actions (..., D) → normalised actions; masked-out dims pass through."""
+        """Training-convention actions (..., D) → normalised actions; masked-out dims pass through,
+        and dims that never vary in the data (min == max) become 0, as the reference maps them."""
         actions = self._check(actions)
         scaled = np.clip(2 * (actions - self.q01) / (self.q99 - self.q01 + 1e-8) - 1, -1, 1)
-        return np.where(self.mask, scaled, actions)
+        return np.where(self.min == self.max, 0.0, np.where(self.mask, scaled, actions))
 
     def unnormalize(self, normalized: np.ndarray) -> np.ndarray:
         normalized = self._check(normalized)
@@ -78,7 +80,7 @@ class ActionStatistics:
         try:
             action = entry["action"]
             arrays = {k: np.asarray(action[k], dtype=np.float64) for k in STAT_KEYS}
-            mask = np.asarray(action.get("mask", [True] * (len(arrays["q01"]) - 1) + [False]), bool)
+            mask = np.asarray(action.get("mask", [True] * len(arrays["q01"])), bool)  # the reference: none = all
             return cls(**arrays, mask=mask, num_transitions=int(entry["num_transitions"]),
                        num_trajectories=int(entry["num_trajectories"]), proprio=entry.get("proprio"))
         except (KeyError, TypeError) as error:

@@ -131,3 +131,59 @@ def test_chunk_padding_rule():
     np.testing.assert_array_equal(chunks[2, 1:, :6], 0)  # neutral motion past the episode end
     np.testing.assert_array_equal(chunks[2, 1:, 6], 0.0)  # the gripper repeats its last value
     assert chunks.shape == (3, 4, 7)
+
+
+def write_vqbet_folder(directory, h=8, w=7, latent=32, n_embed=16, groups=3, act_scale=2.0, seed=0):
+    """A VQ folder as VQ-BeT's `VqVae.state_dict()` and openvla-mini's `pretrain_vq.py` write it, built
+    from the reference's layout, not from our modules: `EncoderMLP` keys (`encoder.0`, `encoder.2`,
+    `fc`), its vendored ResidualVQ's four buffers per layer (`initted` a float of shape (1,),
+    `cluster_size` (1, K), `embed_avg` and `embed` (1, K, D)), the MLPs' Adam state, and the
+    config.json keys of pretrain_vq.py."""
+    g = torch.Generator().manual_seed(seed)
+
+    def mlp(n_in, n_out):
+        shapes = {"encoder.0.weight": (128, n_in), "encoder.0.bias": (128,), "encoder.2.weight": (128, 128),
+                  "encoder.2.bias": (128,), "fc.weight": (n_out, 128), "fc.bias": (n_out,)}
+        return {k: torch.randn(s, generator=g) / np.sqrt(s[-1]) for k, s in shapes.items()}
+
+    encoder, decoder, vq = mlp(h * w, latent), mlp(latent, h * w), {}
+    for i in range(groups):
+        embed = torch.randn(1, n_embed, latent, generator=g)
+        vq |= {f"layers.{i}._codebook.initted": torch.Tensor([True]), f"layers.{i}._codebook.cluster_size": torch.ones(1, n_embed),
+               f"layers.{i}._codebook.embed_avg": embed.clone(), f"layers.{i}._codebook.embed": embed}
+    optimizer = torch.optim.Adam([torch.nn.Parameter(v.clone()) for v in (*encoder.values(), *decoder.values())],
+                                 lr=1e-3, weight_decay=1e-4)
+    (directory / "checkpoints").mkdir(parents=True)
+    torch.save({"encoder": encoder, "decoder": decoder, "optimizer": optimizer.state_dict(), "vq_embedding": vq},
+               directory / "checkpoints" / "model.pt")
+    (directory / "config.json").write_text(json.dumps({
+        "input_dim_w": w, "input_dim_h": h, "n_latent_dims": latent, "vqvae_n_embed": n_embed, "vqvae_groups": groups,
+        "eval": False, "device": "cuda", "load_dir": None, "encoder_loss_multiplier": 1.0, "act_scale": act_scale}))
+    return encoder, decoder, [vq[f"layers.{i}._codebook.embed"][0] for i in range(groups)], act_scale
+
+
+def _reference_mlp(state, x):
+    x = torch.relu(x @ state["encoder.0.weight"].T + state["encoder.0.bias"])
+    x = torch.relu(x @ state["encoder.2.weight"].T + state["encoder.2.bias"])
+    return x @ state["fc.weight"].T + state["fc.bias"]
+
+
+def test_a_vq_folder_written_by_vqbet_loads_and_codes_as_vqbet_computes(tmp_path):
+    encoder, decoder, codebooks, act_scale = write_vqbet_folder(tmp_path / "vq")
+    tokenizer = ActionTokenizer.load(tmp_path / "vq")  # VQ-BeT's `initted` is (1,), the pip library's ()
+    assert tokenizer.config.act_scale == act_scale and tokenizer.config.num_codebooks == 3
+    chunks = torch.randn(64, 8, 7, generator=torch.Generator().manual_seed(1))
+    residual, expected = _reference_mlp(encoder, chunks.reshape(64, 56) / act_scale), []
+    for embed in codebooks:  # residual quantisation: nearest code (Euclidean), then subtract it
+        code = torch.cdist(residual, embed).argmin(1)
+        expected.append(code)
+        residual = residual - embed[code]
+    expected = torch.stack(expected, 1)
+    assert torch.equal(tokenizer.encode(chunks), expected)
+    decoded = _reference_mlp(decoder, sum(embed[expected[:, i]] for i, embed in enumerate(codebooks))) * act_scale
+    torch.testing.assert_close(tokenizer.decode(expected), decoded.reshape(64, 8, 7), rtol=1e-5, atol=1e-5)
+
+
+def test_tokenizer_training_uses_the_straight_through_gradient_by_default():
+    assert ActionTokenizer().vq.layers[0].rotation_trick is False
+    assert ActionTokenizer(ActionTokenizerConfig(rotation_trick=True)).vq.layers[0].rotation_trick is True

@@ -42,6 +42,7 @@ def test_two_tasks_two_trials_write_results_and_videos(checkpoint, tmp_path):
     assert (s["sampling"], s["execute_steps"], s["max_steps"], s["protocol_max_steps"]) == ("greedy", 8, MAX_STEPS, False)
     assert (s["image_convention"], s["resolution"], s["seed"], s["device"]) == ("minivla", 224, 0, "cpu")
     assert len(s["checkpoint_sha256"]) == 64 and s["renderer"]["MUJOCO_GL"] == "egl"
+    assert s["center_crop"] is False  # the policy's input crop (Prismatic runs trained with image_aug)
     for task in on_disk["per_task"]:
         assert [e["trial"] for e in task["episodes"]] == [0, 1]
         assert task["successes"] == sum(e["success"] for e in task["episodes"])
@@ -52,6 +53,12 @@ def test_two_tasks_two_trials_write_results_and_videos(checkpoint, tmp_path):
             assert frames[0].shape == (224 + 18, 224, 3)
     table = (tmp_path / "eval_table.md").read_text()
     assert "| 46 |" in table and "/2 = " in table and "% [" in table
+    # an evaluation written before center_crop was recorded ran without it: it still resumes, runs nothing
+    recorded = json.loads((tmp_path / "eval_settings.json").read_text())
+    del recorded["center_crop"]
+    (tmp_path / "eval_settings.json").write_text(json.dumps(recorded))
+    assert evaluate(config(checkpoint, tmp_path), progress=False)["overall"] == info["overall"]
+    assert len((tmp_path / "episodes.jsonl").read_text().splitlines()) == 4
 
 
 def test_killed_evaluation_resumes_and_counts_each_trial_once(checkpoint, tmp_path):

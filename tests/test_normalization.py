@@ -66,3 +66,19 @@ def test_bad_statistics_are_named(tmp_path):
         libero90_stats().normalize(np.zeros(4))
     with pytest.raises(ValueError, match="finite, non-empty"):
         ActionStatistics.from_actions(np.full((3, 7), np.nan), num_trajectories=1)
+
+
+def test_constant_dims_normalise_to_zero_and_a_missing_mask_normalises_every_dim(tmp_path):
+    actions = np.random.default_rng(1).normal(size=(100, 7))
+    actions[:, 2] = 0.3  # a dim the data never moves (min == max): the reference maps it to 0
+    stats = ActionStatistics.from_actions(actions, num_trajectories=2)
+    normalized = stats.normalize(actions)
+    np.testing.assert_array_equal(normalized[:, 2], 0.0)
+    assert np.abs(normalized[:, :2]).max() > 0.5
+    entry = stats.to_json()
+    del entry["action"]["mask"]
+    (tmp_path / "no_mask.json").write_text(json.dumps({"d": entry}))
+    loaded = read_statistics(tmp_path / "no_mask.json")["d"]
+    assert loaded.mask.all()  # no mask: every dim normalised, the gripper too
+    assert np.abs(loaded.normalize(actions)[:, 6]).max() <= 1 and not np.allclose(
+        loaded.normalize(actions)[:, 6], actions[:, 6])

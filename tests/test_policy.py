@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.policy import MiniVLA, preset
@@ -130,11 +131,20 @@ def test_save_and_load_reproduce_outputs_exactly(images, tmp_path, lora):
     np.testing.assert_array_equal(a.actions, b.actions)
 
 
+def prismatic_config(image_aug: bool = False, **vla) -> dict:
+    """A run's config.json as openvla-mini's train.py dumps it (the fields that matter here)."""
+    return {"vla": {"type": "prism-qwen25-dinosiglip-224px+0_5b+mx-libero-90",
+                    "base_vlm": "prism-qwen25-extra-dinosiglip-224px+0_5b",
+                    "action_tokenizer": "libero_vq_extra_action_tokenizer", "image_sequence_len": 1,
+                    "use_wrist_image": False, **vla},
+            "image_aug": image_aug, "run_id": "minivla-libero90"}
+
+
 def write_prismatic_run(policy: MiniVLA, root):
     """A Prismatic run directory, VQ folder and Qwen tokenizer directory with the real key layouts."""
     run, vq, qwen = root / "run", root / "vq", root / "qwen"
     (run / "checkpoints").mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"vla": {"type": "prism-qwen25-dinosiglip-224px+0_5b+mx-libero-90"}}))
+    (run / "config.json").write_text(json.dumps(prismatic_config()))
     (run / "dataset_statistics.json").write_text(json.dumps({"libero_90": policy.statistics.to_json()}))
     model = {"vision_backbone": policy.vision.state_dict(), "projector": policy.projector.state_dict(),
              "llm_backbone": {f"llm.{k}": v for k, v in policy.llm.state_dict().items()}}
@@ -162,6 +172,29 @@ def test_prismatic_import_reproduces_outputs_exactly(policy, images, tmp_path):
     a, b = policy.generate(images, INSTRUCTIONS), imported.generate(images, INSTRUCTIONS)
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.log_probs, b.log_probs)
     np.testing.assert_array_equal(a.actions, b.actions)
+
+
+def test_prismatic_variants_are_read_from_the_run_config(policy, images, tmp_path):
+    from minivla_wmrl.policy.minivla import center_crop
+
+    run, vq, qwen, _ = write_prismatic_run(policy, tmp_path)
+    for vla, message in (({"action_tokenizer": "extra_action_tokenizer"}, "binning MiniVLA"),
+                         ({"image_sequence_len": 2}, "image_sequence_len 2 is the image-history variant"),
+                         ({"image_sequence_len": 2, "use_wrist_image": True}, "image-history"),
+                         ({"use_wrist_image": True}, "wrist-camera variant")):
+        (run / "config.json").write_text(json.dumps(prismatic_config(**vla)))
+        with pytest.raises(ValueError, match=message):
+            import_prismatic(run, vq, qwen, preset_name="tiny")
+    # a run trained with image augmentation is run on centre crops: openvla-mini's eval transform
+    (run / "config.json").write_text(json.dumps(prismatic_config(image_aug=True)))
+    cropped = import_prismatic(run, vq, qwen, preset_name="tiny")
+    assert cropped.config.center_crop and not import_prismatic(run, vq, qwen, "tiny", center_crop=False).config.center_crop
+    reference = np.stack([np.asarray(Image.fromarray(image[6:218, 6:218]).resize((224, 224), Image.Resampling.BILINEAR))
+                          for image in images])  # side int(sqrt(0.9) * 224) = 212, offset 6
+    np.testing.assert_array_equal(center_crop(images), reference)
+    a, b = cropped.generate(images, INSTRUCTIONS), policy.generate(reference, INSTRUCTIONS)
+    assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.log_probs, b.log_probs)
+    assert import_prismatic(run, vq, qwen, "tiny", dtype=torch.bfloat16).dtype == torch.bfloat16
 
 
 def test_prismatic_import_of_the_wrong_preset_is_named(policy, tmp_path):

@@ -59,3 +59,6 @@ def test_demo_shorter_than_a_chunk_is_named(tmp_path):
 def test_noop_filtering_keeps_gripper_changes():
     actions = np.array([[0.1] * 6 + [-1], [0] * 6 + [-1], [0] * 6 + [1], [0] * 6 + [1], [0.2] * 6 + [1]], float)
     np.testing.assert_array_equal(keep_mask(actions), [True, False, True, False, True])
+    # before anything is kept, a still arm is dropped whatever its gripper (the reference's rule)
+    first_still = np.array([[0] * 6 + [1], [0] * 6 + [-1], [0.1] * 6 + [-1], [0] * 6 + [-1]], float)
+    np.testing.assert_array_equal(keep_mask(first_still), [False, False, True, False])

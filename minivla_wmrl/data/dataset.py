@@ -27,13 +27,14 @@ def _demo_order(name: str) -> int:
 
 
 def keep_mask(actions: np.ndarray, threshold: float = 1e-4) -> np.ndarray:
-    """LIBERO's "no-noops" rule as a mask: drop an action whose arm dims (all but the last; LIBERO's
-    first six) have norm < threshold and whose gripper (the last dim) equals the previous kept
-    action's (those steps teach a policy to stand still)."""
+    """The reference's "no-noops" rule as a mask: drop an action whose arm dims (all but the last;
+    LIBERO's first six) have norm < threshold and whose gripper (the last dim) equals the previous
+    kept action's; before any action is kept, a still arm alone drops it, whatever the gripper
+    (openvla-mini's regenerate_libero_dataset.py). Those steps teach a policy to stand still."""
     keep = np.ones(len(actions), bool)
     previous_gripper = None
     for i, action in enumerate(actions):
-        if np.linalg.norm(action[:-1]) < threshold and previous_gripper is not None and action[-1] == previous_gripper:
+        if np.linalg.norm(action[:-1]) < threshold and (previous_gripper is None or action[-1] == previous_gripper):
             keep[i] = False
         else:
             previous_gripper = action[-1]

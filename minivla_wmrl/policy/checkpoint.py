@@ -93,14 +93,43 @@ def load_policy(directory: Path, device: str = "cpu", dtype: torch.dtype = torch
     return policy.to(device=device, dtype=dtype).eval()
 
 
+def prismatic_variant(run_config: dict, where: str) -> dict:
+    """What of a Prismatic run's `config.json` changes how its weights must be run: the VQ MiniVLA
+    with one image is supported; the binning variant (the base `action_tokenizer`/
+    `extra_action_tokenizer`), image history (`vla.image_sequence_len` > 1) and the wrist variant
+    (`vla.use_wrist_image`) are refused by name, since loading them would decode or feed inputs
+    wrongly. Returns {"action_tokenizer", "center_crop"}: runs trained with `image_aug` are
+    evaluated on centre crops, as openvla-mini's LIBERO eval does."""
+    vla = run_config.get("vla")
+    if not isinstance(vla, dict):
+        raise ValueError(f"{where} is not a Prismatic VLA run config (no 'vla' entry)")
+    tokenizer = vla.get("action_tokenizer", "action_tokenizer")
+    if "vq" not in tokenizer:
+        raise ValueError(f"{where}: vla.action_tokenizer {tokenizer!r} is the binning MiniVLA (one token per action "
+                         "dimension); only the VQ variants (e.g. libero_vq_extra_action_tokenizer) are supported")
+    if vla.get("image_sequence_len", 1) != 1:
+        raise ValueError(f"{where}: vla.image_sequence_len {vla['image_sequence_len']} is the image-history variant; "
+                         "only single-frame MiniVLA is supported")
+    if vla.get("use_wrist_image", False):
+        raise ValueError(f"{where}: vla.use_wrist_image is the wrist-camera variant; only the agent-view MiniVLA is "
+                         "supported")
+    return {"action_tokenizer": tokenizer, "center_crop": bool(run_config.get("image_aug", False))}
+
+
 def import_prismatic(run_dir: Path, vq_dir: Path, qwen_dir: Path, preset_name: str = "minivla-1b",
-                     unnorm_key: str | None = None, checkpoint: Path | None = None) -> MiniVLA:
-    """Build `preset_name` from configs and load a Prismatic MiniVLA run's weights into it."""
+                     unnorm_key: str | None = None, checkpoint: Path | None = None, center_crop: bool | None = None,
+                     dtype: torch.dtype = torch.float32) -> MiniVLA:
+    """Build `preset_name` from configs and load a Prismatic MiniVLA run's weights into it.
+
+    `center_crop` None: as the run trained (its `image_aug`); `dtype`: float32, or bfloat16 as the
+    reference evaluates the whole VLA."""
     from transformers import AutoTokenizer
 
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file() or "vla" not in json.loads((run_dir / "config.json").read_text()):
-        raise ValueError(f"{run_dir} is not a Prismatic VLA run directory (config.json with a 'vla' entry)")
+    config_path = run_dir / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{run_dir} is not a Prismatic VLA run directory (no config.json)")
+    variant = prismatic_variant(json.loads(config_path.read_text()), str(config_path))
     if checkpoint is None:
         candidates = sorted((run_dir / "checkpoints").glob("*.pt"))
         if not candidates:
@@ -115,8 +144,10 @@ def import_prismatic(run_dir: Path, vq_dir: Path, qwen_dir: Path, preset_name: s
     tokenizer = AutoTokenizer.from_pretrained(qwen_dir)
     add_action_tokens(tokenizer)
     tokenizer.pad_token = tokenizer.pad_token or "<|endoftext|>"
-    policy = MiniVLA(preset(preset_name), tokenizer, ActionTokenizer.load(vq_dir),
-                     _statistics(run_dir / "dataset_statistics.json", unnorm_key))
+    config = preset(preset_name)
+    config.center_crop = variant["center_crop"] if center_crop is None else center_crop
+    policy = MiniVLA(config, tokenizer, ActionTokenizer.load(vq_dir), _statistics(run_dir / "dataset_statistics.json",
+                                                                                    unnorm_key))
     llm_state = {}
     for key, value in parts["llm_backbone"].items():
         if not key.startswith("llm."):
@@ -134,4 +165,4 @@ def import_prismatic(run_dir: Path, vq_dir: Path, qwen_dir: Path, preset_name: s
         if unexpected or absent:
             raise ValueError(f"{checkpoint}: model.{name} does not match preset {preset_name!r}: missing {absent[:5]}, "
                              f"unexpected {unexpected[:5]}")
-    return policy.eval()
+    return policy.to(dtype=dtype).eval()

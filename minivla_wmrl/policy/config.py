@@ -32,6 +32,7 @@ class MiniVLAConfig:
     num_action_tokens: int = 7  # one token per residual-VQ codebook
     codebook_size: int = 128
     gripper_convention: str = "libero"  # "libero": the last action dim maps back to LIBERO's ±1 gripper; "none": as is
+    center_crop: bool = False  # crop every input image to its central 0.9 of the area (runs trained with image_aug)
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "policy config") -> MiniVLAConfig:

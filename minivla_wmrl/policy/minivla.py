@@ -23,6 +23,23 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+
+CENTER_CROP_AREA = 0.9  # openvla-mini's eval crop: the training augmentation's random-resized-crop scale
+
+
+def center_crop(images: np.ndarray, area: float = CENTER_CROP_AREA) -> np.ndarray:
+    """openvla-mini's LIBERO evaluation transform for runs trained with image augmentation: the
+    central square of `area` of each uint8 image (side int(sqrt(area)·size), offset
+    int((size − side) / 2)), resized back with PIL's bilinear filter, on (..., size, size, 3)."""
+    from PIL import Image
+
+    size = images.shape[-2]
+    side = int(np.sqrt(area) * size)
+    offset = int((size - side) / 2)
+    flat = images.reshape(-1, size, size, 3)[:, offset:offset + side, offset:offset + side]
+    resized = [np.asarray(Image.fromarray(f).resize((size, size), Image.Resampling.BILINEAR)) for f in flat]
+    return np.stack(resized).reshape(images.shape)
+
 class FusedVisionBackbone(nn.Module):
     """DINOv2 and SigLIP (timm), features from each one's second-to-last block, concatenated per patch."""
 
@@ -147,6 +164,8 @@ class MiniVLA(nn.Module):
         if images.dtype != torch.uint8 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"images have shape {tuple(images.shape)} and dtype {images.dtype}; expected uint8 "
                              f"(batch, {', '.join(map(str, expected))}) upright RGB at {size} px")
+        if self.config.center_crop:
+            images = torch.from_numpy(center_crop(images.numpy()))
         images = images.reshape(-1, size, size, 3).permute(0, 3, 1, 2)
         return images.to(self.device, self.dtype) / 255.0
 
