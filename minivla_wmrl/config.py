@@ -71,7 +71,9 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply `section.key=value` strings (values parsed as YAML) to a nested dict."""
+    """Apply `section.key=value` strings to a nested dict. Values are parsed as YAML (numbers,
+    booleans, lists), except that `#` never starts a comment: `out=runs/exp #2` is the string
+    `runs/exp #2` (YAML would silently drop ` #2`)."""
     for override in overrides:
         if "=" not in override:
             raise ValueError(f"override {override!r} is not key=value")
@@ -81,8 +83,20 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"override {key}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = _override_value(raw)
     return data
+
+
+def _override_value(raw: str):
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as error:
+        raise ValueError(f"override value {raw!r} is not valid YAML: {error}") from None
+    if "#" in raw and (not isinstance(value, str) or value != raw.strip()):
+        if raw.strip()[:1] in ("'", '"'):
+            return value  # quoted on purpose
+        return raw  # YAML read part of it as a comment: keep every character the user typed
+    return value
 
 
 def load_recipe(cls: type[T], path: Path, overrides: list[str] = ()) -> T:

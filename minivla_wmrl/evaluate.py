@@ -195,6 +195,13 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                          "(greedy samples would all be the same episode)")
     if config.image_convention not in IMAGE_CONVENTIONS:
         raise ValueError(f"unknown image_convention {config.image_convention!r}; expected one of {list(IMAGE_CONVENTIONS)}")
+    ranges = {"max_steps": config.max_steps is None or config.max_steps >= 1, "execute_steps": config.execute_steps >= 1,
+              "envs": config.envs >= 1, "temperature": config.temperature >= 0,
+              "videos_per_task": config.videos_per_task is None or config.videos_per_task >= 0}
+    bad = [k for k, ok in ranges.items() if not ok]
+    if bad:  # checked before anything is written: a refused evaluation leaves its directory as it was
+        raise ValueError(f"eval settings out of range: {', '.join(f'{k}={getattr(config, k)!r}' for k in bad)} (max_steps, "
+                         "execute_steps and envs >= 1 or max_steps unset, temperature >= 0, videos_per_task >= 0)")
     if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
         if not config.tasks:
             raise ValueError("suite gym needs tasks: the gymnasium env ids to evaluate")
@@ -204,6 +211,8 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     else:
         bench = get_suite(config.suite)
         tasks = [resolve_task(bench, t) for t in config.tasks] if config.tasks else list(range(bench.n_tasks))
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(f"tasks {config.tasks} name the same task more than once ({tasks}); each task is evaluated once")
         names = {t: (bench.get_task(t).name, bench.get_task(t).language) for t in tasks}
         trial_ids = {task: evaluation_init_states(config.trials, len(bench.get_task_init_states(task)),
                                                   config.first_trial) for task in tasks}

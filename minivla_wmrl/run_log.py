@@ -14,9 +14,10 @@ from pathlib import Path
 
 
 def latest_checkpoint(out: Path) -> Path | None:
-    """The highest `checkpoints/step_N` of a run directory, or None."""
-    found = sorted((Path(out) / "checkpoints").glob("step_*"), key=lambda p: int(re.sub(r"\D", "", p.name)))
-    return found[-1] if found else None
+    """The highest `checkpoints/step_N` of a run directory, or None. Only exact `step_<digits>`
+    directories count: `step_0000080.bak2` or `step_final` are someone's copies, not checkpoints."""
+    found = [p for p in (Path(out) / "checkpoints").glob("step_*") if re.fullmatch(r"step_\d+", p.name) and p.is_dir()]
+    return max(found, key=lambda p: int(p.name[len("step_"):])) if found else None
 
 
 class MetricsLog:
