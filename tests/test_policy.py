@@ -256,3 +256,41 @@ def test_two_images_give_512_visual_tokens():
     torch.testing.assert_close(log_probs, query.log_probs, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match=r"expected uint8 \(batch, 2, 224, 224, 3\)"):
         policy.generate(pair[:, 0], INSTRUCTIONS[:2])
+
+
+def test_a_run_built_from_the_reference_modules_computes_as_the_reference(policy, images, tmp_path):
+    """A Prismatic checkpoint whose parts come from modules built the way openvla-mini builds them
+    (timm ViTs with num_classes=0, its fused GELU MLP as a Sequential, transformers' Qwen2 under
+    `llm.`), not from ours: imported, the features equal the reference's featurizer (each ViT's
+    second-to-last block via get_intermediate_layers, prefix tokens dropped, DINOv2 on ImageNet
+    statistics and SigLIP on 0.5/0.5, concatenated DINOv2 first), and so do projector and LM."""
+    import timm
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = preset("tiny")
+    torch.manual_seed(3)
+    dino = timm.create_model(config.dino, pretrained=False, num_classes=0, img_size=224, **config.dino_overrides).eval()
+    siglip = timm.create_model(config.siglip, pretrained=False, num_classes=0, img_size=224,
+                               **config.siglip_overrides).eval()
+    fused = dino.embed_dim + siglip.embed_dim
+    llm_dim = config.llm["hidden_size"]
+    projector = torch.nn.Sequential(torch.nn.Linear(fused, 4 * fused), torch.nn.GELU(), torch.nn.Linear(4 * fused, llm_dim),
+                                    torch.nn.GELU(), torch.nn.Linear(llm_dim, llm_dim)).eval()
+    llm = Qwen2ForCausalLM(Qwen2Config(**config.llm)).eval()
+    run, vq, qwen, _ = write_prismatic_run(policy, tmp_path)
+    model = {"vision_backbone": {**{f"dino_featurizer.{k}": v for k, v in dino.state_dict().items()},
+                                 **{f"siglip_featurizer.{k}": v for k, v in siglip.state_dict().items()}},
+             "projector": {f"projector.{k}": v for k, v in projector.state_dict().items()},
+             "llm_backbone": {f"llm.{k}": v for k, v in llm.state_dict().items()}}
+    torch.save({"model": model}, next((run / "checkpoints").glob("*.pt")))
+    imported = import_prismatic(run, vq, qwen, preset_name="tiny")
+
+    pixels = torch.as_tensor(images).permute(0, 3, 1, 2).float() / 255
+    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        patches = torch.cat([dino.get_intermediate_layers((pixels - mean) / std, n={len(dino.blocks) - 2})[0],
+                             siglip.get_intermediate_layers((pixels - 0.5) / 0.5, n={len(siglip.blocks) - 2})[0]], dim=2)
+        torch.testing.assert_close(imported.vision(pixels), patches)
+        torch.testing.assert_close(imported.projector(patches), projector(patches))
+        ids = torch.tensor([[1, 5, 9, 200, 300]])
+        torch.testing.assert_close(imported.llm(input_ids=ids).logits, llm(input_ids=ids).logits)

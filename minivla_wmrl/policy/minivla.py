@@ -40,6 +40,7 @@ def center_crop(images: np.ndarray, area: float = CENTER_CROP_AREA) -> np.ndarra
     resized = [np.asarray(Image.fromarray(f).resize((size, size), Image.Resampling.BILINEAR)) for f in flat]
     return np.stack(resized).reshape(images.shape)
 
+
 class FusedVisionBackbone(nn.Module):
     """DINOv2 and SigLIP (timm), features from each one's second-to-last block, concatenated per patch."""
 
