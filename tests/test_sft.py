@@ -93,6 +93,8 @@ def test_interrupted_sft_resumes_with_the_same_loss_curve(demos, tmp_path):
     np.testing.assert_allclose([h["loss"] for h in resumed], [h["loss"] for h in straight[3:]], rtol=1e-5)
     logged = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2, 3, 4, 5, 6]
+    again = train_sft(make_recipe(demos, tmp_path / "b", steps=6, save_every=3), progress=False)  # finished: a no-op
+    assert again["history"] == [] and again["last"]["step"] == 6  # once a KeyError: 'step'
 
 
 def test_recipe_errors_name_the_key(tmp_path):

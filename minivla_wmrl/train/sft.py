@@ -241,6 +241,8 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
 
     model = policy if sharded else dist.wrap(policy)
     log = MetricsLog(out, "sft", start_step) if dist.is_main else None
+    if log is not None and log.history:  # a finished run re-run (the documented resume) reports where it stands
+        last = log.history[-1]
     try:
         for step in tqdm(range(start_step + 1, c.steps + 1), desc="sft", disable=not progress,
                          initial=start_step, total=c.steps):
@@ -290,6 +292,9 @@ def main(args) -> None:
     recipe = load_recipe(SFTRecipe, Path(args.recipe), args.overrides)
     result = train_sft(recipe)
     last = result["last"]
+    if not last:
+        print(f"nothing to do: no step to train (sft.steps {recipe.sft.steps}); checkpoint: {result['checkpoint']}")
+        return
     print(f"step {last['step']}: loss {last['loss']:.4f}, action-token accuracy {last['action_accuracy']:.3f}"
           + (f", held-out accuracy {last['val_action_accuracy']:.3f}" if "val_action_accuracy" in last else ""))
     print(f"checkpoint: {result['checkpoint']}")
