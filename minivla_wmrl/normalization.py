@@ -9,12 +9,12 @@ a dim with min == max becomes 0. The gripper's sign convention changes: LIBERO's
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from minivla_wmrl.atomic import atomic_file
 
 STAT_KEYS = ("mean", "std", "max", "min", "q01", "q99")
 
@@ -106,12 +106,8 @@ def gripper_to_env(trained: np.ndarray) -> np.ndarray:
 
 def write_statistics(path: Path, statistics: dict[str, ActionStatistics]) -> None:
     """Write `dataset_statistics.json` ({dataset name: entry}) atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump({name: s.to_json() for name, s in statistics.items()}, f, indent=2)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps({name: s.to_json() for name, s in statistics.items()}, indent=2))
 
 
 def read_statistics(path: Path) -> dict[str, ActionStatistics]:
