@@ -61,6 +61,8 @@ def resolve_task(bench, task: int | str) -> int:
             raise ValueError(f"unknown task {task!r} in {bench.name}; expected an index 0..{len(names) - 1} or one "
                              f"of the task names, e.g. {names[0]!r}")
         return names.index(task)
+    if isinstance(task, bool) or not isinstance(task, (int, np.integer, str)):  # 1.7 once became task 1
+        raise ValueError(f"task {task!r} is neither a task index (int) nor a task name of {bench.name}")
     index = int(task)
     if not 0 <= index < len(names):
         raise ValueError(f"task index {index} out of range for {bench.name}: expected 0..{len(names) - 1}")
@@ -101,6 +103,8 @@ class LiberoEnv(RobotEnv):
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown:
             raise ValueError(f"unknown camera(s) {unknown}; expected a subset of {list(CAMERAS)}")
+        if max_steps is not None and max_steps < 1:  # -3 once started done, 0 became the suite's cap
+            raise ValueError(f"max_steps must be >= 1 (None: the suite's protocol cap), got {max_steps}")
         bench = get_suite(suite)
         self.suite, self.task_index = suite, resolve_task(bench, task)
         self.task = bench.get_task(self.task_index)
@@ -156,6 +160,11 @@ class LiberoEnv(RobotEnv):
 
     def reset(self, init_state: int | np.ndarray = 0, render: bool = True) -> Observation | None:
         """Reset, restore the init state (index 0..49 or a raw flattened MuJoCo state), run the wait steps."""
+        if getattr(self, "_env", None) is None:
+            raise RuntimeError(f"{self.task_id}: reset after close(); make a new LiberoEnv")
+        if isinstance(init_state, (bool, np.bool_)):
+            raise ValueError(f"init state {init_state!r}: expected an index 0..{self.num_init_states - 1} or a raw "
+                             "MuJoCo state")
         if isinstance(init_state, (int, np.integer)):
             if not 0 <= init_state < self.num_init_states:
                 raise ValueError(f"init-state index {init_state} out of range for {self.suite} task "

@@ -115,6 +115,9 @@ def test_image_conventions():
     (dict(suite="libero_10", task="no_such_task"), "unknown task 'no_such_task' in libero_10"),
     (dict(suite="libero_10", task=0, cameras=("frontview",)), "unknown camera"),
     (dict(suite="libero_10", task=0, image_convention="rgb"), "unknown image_convention"),
+    (dict(suite="libero_10", task=1.7), "neither a task index"),  # once silently task 1
+    (dict(suite="libero_10", task=0, max_steps=-3), "max_steps must be >= 1"),  # once started done
+    (dict(suite="libero_10", task=0, max_steps=0), "max_steps must be >= 1"),
 ])
 def test_bad_env_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -126,6 +129,8 @@ def test_bad_init_states_and_actions_are_named(libero_env):
         libero_env.reset(50)
     with pytest.raises(ValueError, match=r"raw init state has shape \(3,\)"):
         libero_env.reset(np.zeros(3))
+    with pytest.raises(ValueError, match="init state True: expected an index"):  # once a pybind TypeError
+        libero_env.reset(True)
     libero_env.reset(0, render=False)
     with pytest.raises(ValueError, match=r"action has shape \(6,\); expected \(7,\)"):
         libero_env.step(np.zeros(6))
@@ -136,3 +141,10 @@ def test_bad_init_states_and_actions_are_named(libero_env):
         chunk[3, 2] = np.nan
         libero_env.step(chunk)
     assert libero_env.step_count == 0, "a rejected action must not advance the episode"
+
+
+def test_reset_after_close_is_named():
+    env = LiberoEnv("libero_90", 0, cameras=("agentview",), max_steps=8)
+    env.close()
+    with pytest.raises(RuntimeError, match="reset after close"):  # once an AttributeError
+        env.reset(0)
