@@ -175,6 +175,16 @@ def run_ablation(recipe, parallel: int = 1) -> dict:
     return report
 
 
+def _read_cell(directory: Path) -> dict:
+    """A finished cell, its success figures read from the evaluations on disk (the episodes the
+    paired comparisons use), not from the copy in cell.json."""
+    cell = json.loads((directory / "cell.json").read_text())
+    for evaluation in cell["evaluations"]:  # where the cell directory is now, whatever the working directory
+        evaluation["eval_dir"] = str(directory / "eval" / Path(evaluation["eval_dir"]).name)
+        evaluation["success"] = json.loads((Path(evaluation["eval_dir"]) / "eval_info.json").read_text())["overall"]
+    return cell
+
+
 def _successes(eval_dir: Path, seed_index: int) -> dict:
     """Success by ((task, trial), (seed index, sample)): the bootstrap unit is the init state."""
     from minivla_wmrl.compare import load_evaluation
@@ -193,7 +203,7 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
     sft = {s_index: _successes(sft_eval, s_index) for s_index in range(max(len(arm_seeds(a, arm)) for arm in a.arms))}
     arms, finals = [], {}
     for i, arm in enumerate(a.arms):
-        cells = [json.loads((cell_dir(recipe, arm.name, s) / "cell.json").read_text()) for s in arm_seeds(a, arm)]
+        cells = [_read_cell(cell_dir(recipe, arm.name, s)) for s in arm_seeds(a, arm)]
         sft_pooled = {k: v for s_index in range(len(cells)) for k, v in sft[s_index].items()}
         final = {}
         for s_index, cell in enumerate(cells):
