@@ -1,4 +1,10 @@
-"""Config dataclasses from dicts, YAML recipes and `key=value` overrides, with every error naming the key."""
+"""Config dataclasses from dicts, YAML recipes and `key=value` overrides, with every error naming the key.
+
+A field declares its range or choices in its type: `steps: Annotated[int, Range(1)]`,
+`dtype: Literal["float32", "bfloat16"]`. `config_from_dict` enforces types, ranges and choices of
+what it reads; `check_config` enforces ranges and choices of a built config (commands call it
+before any work, so configs made in code are checked too).
+"""
 
 from __future__ import annotations
 
@@ -12,28 +18,87 @@ import yaml
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Inclusive bounds of a numeric setting (None: unbounded); `below` is an exclusive upper bound."""
+
+    low: float | None = None
+    high: float | None = None
+    below: float | None = None
+
+    def check(self, value, where: str) -> None:
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        wrong = ((self.low is not None and value < self.low) or (self.high is not None and value > self.high)
+                 or (self.below is not None and value >= self.below) or value != value)  # NaN fails too
+        if wrong:
+            raise ValueError(f"{where}: {value!r} is out of range; expected {self}")
+
+    def __str__(self) -> str:
+        bounds = ((">=", self.low), ("<=", self.high), ("<", self.below))
+        return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None) or "any number"
+
+
+def _constraints(hint) -> tuple[Any, list]:
+    """(the type, its Range annotations) of a possibly Annotated hint."""
+    if typing.get_origin(hint) is typing.Annotated:
+        base, *extras = typing.get_args(hint)
+        return base, [e for e in extras if isinstance(e, Range)]
+    return hint, []
+
+
+def check_config(config, where: str = "config") -> None:
+    """Raise naming the first field of `config` (nested dataclasses included) outside its declared
+    range or choices."""
+    hints = typing.get_type_hints(type(config), include_extras=True)
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        hint, ranges = _constraints(hints[f.name])
+        if dataclasses.is_dataclass(value):
+            check_config(value, f"{where}.{f.name}")
+            continue
+        for r in ranges:
+            r.check(value, f"{where}.{f.name}")
+        _check_choice(value, hint, f"{where}.{f.name}")
+
+
+def _check_choice(value, hint, where: str) -> None:
+    options = [hint] + [a for a in typing.get_args(hint)] if typing.get_origin(hint) is typing.Union else [hint]
+    literals = [o for o in options if typing.get_origin(o) is typing.Literal]
+    if literals and not any(value in typing.get_args(o) for o in literals) and not (value is None and type(None) in options):
+        choices = [c for o in literals for c in typing.get_args(o)]
+        raise ValueError(f"{where}: {value!r} is not one of {choices}")
+
+
 def config_from_dict(cls: type[T], data: dict, where: str) -> T:
     """Build `cls` (nested dataclasses included) from a dict; unknown keys and wrong types are errors."""
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; expected a subset of {sorted(known)}")
     values = {}
     for name, value in data.items():
-        hint = hints[name]
+        hint, ranges = _constraints(hints[name])
         if dataclasses.is_dataclass(hint):
             values[name] = config_from_dict(hint, value, f"{where}.{name}")
         else:
             values[name] = _check_type(value, hint, f"{where}.{name}")
+            for r in ranges:
+                r.check(values[name], f"{where}.{name}")
+            _check_choice(values[name], hint, f"{where}.{name}")
     return cls(**values)
 
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
+        return value
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
         return value
     if dataclasses.is_dataclass(hint):  # e.g. the items of a list[Arm]
         return config_from_dict(hint, value, where)

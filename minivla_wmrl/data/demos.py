@@ -93,6 +93,8 @@ def _write_task_file(path: Path, env: LiberoEnv, episodes: list[Episode]) -> Non
 def generate_demos(suite: str, task: int | str, num: int, out: Path, init_states: list[int] | None = None,
                    resolution: int = 128) -> dict:
     """Record scripted episodes until `num` succeed (or the init states run out); write the successes."""
+    if num < 1:  # 0 once wrote one demo
+        raise ValueError(f"demos: num must be >= 1 successful demos per task, got {num}")
     env = LiberoEnv(suite, task, cameras=("agentview", "wrist"), resolution=resolution)
     try:
         init_states = list(range(env.num_init_states)) if init_states is None else init_states

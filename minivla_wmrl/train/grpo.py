@@ -32,6 +32,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import Annotated, Literal
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ from safetensors.torch import load_model
 from tqdm import tqdm
 
 from minivla_wmrl.atomic import atomic_directory
-from minivla_wmrl.config import load_recipe
+from minivla_wmrl.config import Range, check_config, load_recipe
 from minivla_wmrl.distributed import init_distributed
 from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
                                shard_policy)
@@ -61,13 +62,13 @@ ANCHOR_REWARDS = ("calib", "sparse", "mix")
 
 @dataclass
 class GRPOConfig:
-    steps: int = 40
-    rollouts_per_task: int = 64  # per task per step
+    steps: Annotated[int, Range(0)] = 40
+    rollouts_per_task: Annotated[int, Range(1)] = 64  # per task per step
     grouping: str = "task"  # "task": one group per task; "init_state": one group per (task, init state)
-    init_states_per_step: int = 8  # distinct training init states per task per step (rollouts split evenly)
-    temperature: float = 1.0  # the WMRL paper's; peers use 1.5-1.6
-    execute_steps: int = 8  # actions per query (the whole VQ chunk)
-    max_real_steps: int = 520  # real-simulator step cap after the 10 wait steps
+    init_states_per_step: Annotated[int, Range(1)] = 8  # distinct training init states per task per step (rollouts split evenly)
+    temperature: Annotated[float, Range(0)] = 1.0  # the WMRL paper's; peers use 1.5-1.6
+    execute_steps: Annotated[int, Range(1)] = 8  # actions per query (the whole VQ chunk)
+    max_real_steps: Annotated[int, Range(1)] = 520  # real-simulator step cap after the 10 wait steps
     execution: str = "full"  # "full": every rollout runs to success or the cap; "truncated": only anchors do
     wm_horizon: int = 200  # truncated: real steps a non-anchor runs; the world model scores the rest
     reward_mode: str = "dense_calib"
@@ -84,15 +85,15 @@ class GRPOConfig:
     queries_per_rollout: int = 12  # sampled queries per rollout in the loss
     kl_coef: float = 0.0  # KL to the starting policy (k3 estimator); the paper config has 0.04
     entropy_coef: float = 0.0
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    lr: Annotated[float, Range(0)] = 1e-4
+    weight_decay: Annotated[float, Range(0)] = 0.0
+    grad_clip: Annotated[float, Range(0)] = 1.0
     dynamic_sampling: bool = False
     success_band: list[float] = field(default_factory=lambda: [0.1, 0.9])  # keep groups with rate in [lo, hi]
     max_resample: int = 2  # re-sampling attempts per step for out-of-band groups; then they are skipped
     wm_cotrain: bool = True  # update a trainable world model on the anchors' real labels
     wm_update_steps: int = 4
-    save_every: int = 5
+    save_every: Annotated[int, Range(1)] = 5
     real_step_budget: int = 0  # > 0: stop after the step at which cumulative real-simulator steps reach it
     seed: int = 0
 
@@ -105,7 +106,7 @@ class GRPOPolicy:
     lora_alpha: int = 32
     freeze_vision: bool = True
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
     fsdp: bool = False  # under torchrun: shard the policy's parameters, gradients and optimiser state (FSDP2)
 
 
@@ -160,6 +161,7 @@ class GRPORecipe:
 
 
 def validate(recipe: GRPORecipe) -> None:
+    check_config(recipe, "grpo recipe")
     g = recipe.grpo
     if g.reward_mode not in REWARD_MODES:
         raise ValueError(f"grpo.reward_mode {g.reward_mode!r} is unknown; expected one of {REWARD_MODES}")

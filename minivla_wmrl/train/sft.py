@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import asdict, dataclass, field
+from typing import Annotated, Literal
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.atomic import atomic_directory
-from minivla_wmrl.config import load_recipe
+from minivla_wmrl.config import Range, check_config, load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import DemoDataset, collate, read_episodes
 from minivla_wmrl.distributed import init_distributed
@@ -38,7 +39,7 @@ from minivla_wmrl.train.vq import VQTrainConfig, split_episodes, train_action_to
 @dataclass
 class DataConfig:
     paths: list[str] = field(default_factory=list)  # LIBERO hdf5 files or directories of them
-    val_fraction: float = 0.1  # episodes held out for validation
+    val_fraction: Annotated[float, Range(0, below=1)] = 0.1  # episodes held out for validation
     image_key: str = "agentview_rgb"
     wrist_key: str | None = None  # e.g. "eye_in_hand_rgb" for a two-image policy
     image_convention: str = "minivla"  # must match the env setting used at evaluation
@@ -53,11 +54,11 @@ class PolicySetup:
     tokenizer: str = "tiny"  # "tiny" (built in code) or a local Qwen2.5 tokenizer directory
     init_checkpoint: str | None = None  # start from one of our checkpoints (e.g. an imported MiniVLA)
     lora: bool = False  # MiniVLA's released SFT is a full fine-tune
-    lora_r: int = 16
-    lora_alpha: int = 32
+    lora_r: Annotated[int, Range(1)] = 16
+    lora_alpha: Annotated[int, Range(1)] = 32
     freeze_vision: bool = False
     device: str = "cpu"
-    dtype: str = "float32"  # "bfloat16": autocast on CUDA
+    dtype: Literal["float32", "bfloat16"] = "float32"  # "bfloat16": autocast on CUDA
     fsdp: bool = False  # under torchrun: shard parameters, gradients and optimiser state (FSDP2), not a copy per process (DDP)
 
 
@@ -69,17 +70,17 @@ class VQSetup:
 
 @dataclass
 class SFTConfig:
-    steps: int = 1000
-    batch_size: int = 16
-    grad_accum: int = 1
-    lr: float = 2e-5  # MiniVLA: constant
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    log_every: int = 10
-    eval_every: int = 100
-    save_every: int = 500
-    val_batches: int = 4
-    num_workers: int = 0
+    steps: Annotated[int, Range(0)] = 1000
+    batch_size: Annotated[int, Range(1)] = 16
+    grad_accum: Annotated[int, Range(1)] = 1
+    lr: Annotated[float, Range(0)] = 2e-5  # MiniVLA: constant
+    weight_decay: Annotated[float, Range(0)] = 0.0
+    grad_clip: Annotated[float, Range(0)] = 1.0
+    log_every: Annotated[int, Range(1)] = 10
+    eval_every: Annotated[int, Range(1)] = 100
+    save_every: Annotated[int, Range(1)] = 500
+    val_batches: Annotated[int, Range(0)] = 4
+    num_workers: Annotated[int, Range(0)] = 0
     seed: int = 0
 
 
@@ -158,6 +159,7 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     """Train; under `torchrun` every process trains its shard of each global batch (`sft.batch_size`)
     with gradients averaged over processes (DDP, or FSDP with `policy.fsdp`), and only rank 0 writes
     logs and checkpoints."""
+    check_config(recipe, "sft recipe")
     c, out = recipe.sft, Path(recipe.out)
     dist = init_distributed(recipe.policy.device)
     recipe.policy.device = dist.device(recipe.policy.device)

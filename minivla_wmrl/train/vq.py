@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.config import Range, check_config
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import read_episodes
 from minivla_wmrl.normalization import ActionStatistics, write_statistics
@@ -25,11 +27,11 @@ from minivla_wmrl.normalization import ActionStatistics, write_statistics
 class VQTrainConfig:
     """Training settings; defaults from the reference VQ-BeT/MiniVLA recipe (Adam 1e-3, wd 1e-4, batch ~1024)."""
 
-    steps: int = 3000
-    batch_size: int = 1024
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    val_fraction: float = 0.1  # fraction of episodes held out for the reconstruction error
+    steps: Annotated[int, Range(1)] = 3000
+    batch_size: Annotated[int, Range(1)] = 1024
+    lr: Annotated[float, Range(0)] = 1e-3
+    weight_decay: Annotated[float, Range(0)] = 1e-4
+    val_fraction: Annotated[float, Range(0, below=1)] = 0.1  # fraction of episodes held out for the reconstruction error
     seed: int = 0
     device: str = "cpu"
 
@@ -79,6 +81,7 @@ def train_action_tokenizer(train_chunks: np.ndarray, val_chunks: np.ndarray | No
 def run_vq(paths: list[str], out: Path, train_config: VQTrainConfig, chunk_len: int = 8,
            dataset_name: str = "libero") -> dict:
     """Train the action tokenizer on demo files; write `action_tokenizer/`, statistics and metrics into `out`."""
+    check_config(train_config, "vq settings")  # once: --steps -3 wrote an untrained tokenizer, then IndexError
     episodes = [e.actions for e in read_episodes(paths, chunk_len, image_key=None)]
     config = ActionTokenizerConfig(chunk_len=chunk_len, action_dim=episodes[0].shape[1])
     train_ids, val_ids = split_episodes(len(episodes), train_config.val_fraction, train_config.seed)

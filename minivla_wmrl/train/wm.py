@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import asdict, dataclass, field
+from typing import Annotated
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from minivla_wmrl.atomic import atomic_directory
-from minivla_wmrl.config import load_recipe
+from minivla_wmrl.config import Range, check_config, load_recipe
 from minivla_wmrl.data.trajectories import (LabelledTrajectory, demo_trajectories, load_trajectories,
                                             rollout_trajectories, save_trajectories)
 from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
@@ -41,9 +42,9 @@ from world_models.scorer import sample_frame_indices
 
 @dataclass
 class WMTrainConfig:
-    steps: int = 2000
-    batch_size: int = 16
-    lr: float = 3e-4
+    steps: Annotated[int, Range(1)] = 2000
+    batch_size: Annotated[int, Range(1)] = 16
+    lr: Annotated[float, Range(0)] = 3e-4
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     prefix_prob: float = 0.5  # chance an example is cut to a random prefix
@@ -55,9 +56,9 @@ class WMTrainConfig:
     failed_progress: str = "zero"  # "zero": failed rollouts' progress target is 0; "none": no progress loss on them
     progress_weight: float = 1.0
     success_weight: float = 1.0
-    val_fraction: float = 0.2
-    eval_every: int = 200
-    save_every: int = 500
+    val_fraction: Annotated[float, Range(0, below=1)] = 0.2
+    eval_every: Annotated[int, Range(1)] = 200
+    save_every: Annotated[int, Range(1)] = 500
     seed: int = 0
 
 
@@ -234,6 +235,7 @@ def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
 
 
 def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
+    check_config(recipe, "wm recipe")
     c, out = recipe.train, Path(recipe.out)
     random.seed(c.seed), np.random.seed(c.seed), torch.manual_seed(c.seed)
     out.mkdir(parents=True, exist_ok=True)
