@@ -314,9 +314,13 @@ def ablation_table(report: dict) -> str:
               f"{report['first_arm']}'s final success | ratio |", "|---|---|---|---|---|"]
     for arm in report["arms"]:
         needs, ratio = arm["steps_to_first_arm_final"], arm["real_step_ratio"]
+        single = len(arm["curve"]) == 1 and needs is not None and needs < arm["curve"][0]["real_steps"]
         lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} | {100 * arm['real_steps_horizon_share']:.0f}% | "
-                     f"{'not reached' if needs is None else f'{needs:.0f}'} | "
-                     f"{'-' if ratio is None else f'{ratio:.2f}x'} |")
+                     f"{'not reached' if needs is None else f'{needs:.0f}'}{' *' if single else ''} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}x'}{' *' if single else ''} |")
+    if any(len(arm["curve"]) == 1 for arm in report["arms"]):
+        lines += ["", "\\* interpolated on a straight line from SFT to the only evaluated (final) checkpoint: not a "
+                  "measurement of when the success was reached; set `ablation.eval_every` for intermediate checkpoints."]
     return "\n".join(lines) + "\n"
 
 
