@@ -352,7 +352,7 @@ class GRPOTrainer:
         g, rank, world = self.recipe.grpo, self.dist.rank, self.dist.world_size
         groups_per_task = g.init_states_per_step if g.grouping == "init_state" else 1
         wanted = {t: list(range(t * groups_per_task, (t + 1) * groups_per_task)) for t in range(len(self.task_ids))}
-        kept: dict[int, list[tuple]] = {}  # group -> [(summary, trajectory or None)]
+        kept: dict[int, list[tuple]] = {}  # group -> [(summary, trajectory or None, planned anchor)]
         resampled = 0
         for attempt in range(g.max_resample + 1 if g.dynamic_sampling else 1):
             todo = [item for t, slots in wanted.items() for item in self._specs(t, attempt, slots)]
