@@ -9,6 +9,7 @@ before any work, so configs made in code are checked too).
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,7 +64,8 @@ def check_config(config, where: str = "config") -> None:
 
 
 def _check_choice(value, hint, where: str) -> None:
-    options = [hint] + [a for a in typing.get_args(hint)] if typing.get_origin(hint) is typing.Union else [hint]
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = list(typing.get_args(hint)) if union else [hint]
     literals = [o for o in options if typing.get_origin(o) is typing.Literal]
     if literals and not any(value in typing.get_args(o) for o in literals) and not (value is None and type(None) in options):
         choices = [c for o in literals for c in typing.get_args(o)]
@@ -85,10 +87,9 @@ def config_from_dict(cls: type[T], data: dict, where: str) -> T:
         if dataclasses.is_dataclass(hint):
             values[name] = config_from_dict(hint, value, f"{where}.{name}")
         else:
-            values[name] = _check_type(value, hint, f"{where}.{name}")
+            values[name] = _check_type(value, hint, f"{where}.{name}")  # Literal choices included
             for r in ranges:
                 r.check(values[name], f"{where}.{name}")
-            _check_choice(values[name], hint, f"{where}.{name}")
     return cls(**values)
 
 
@@ -102,7 +103,7 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
         return value
     if dataclasses.is_dataclass(hint):  # e.g. the items of a list[Arm]
         return config_from_dict(hint, value, where)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         for option in args:
             try:
                 return _check_type(value, option, where)

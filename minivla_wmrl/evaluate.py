@@ -20,11 +20,13 @@ import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import torch
 
 from envs.factory import GYM, env_factory, env_pool
 from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, resolve_task
+from minivla_wmrl.config import Range, check_config
 from minivla_wmrl.init_states import evaluation_init_states
 from minivla_wmrl.policy.checkpoint import load_policy
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
@@ -44,15 +46,15 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=list)  # indices or names; empty: every task of the suite
     trials: int = 50  # per task; trial i uses init state i
     first_trial: int = 0  # run trials first_trial .. first_trial + trials - 1 (e.g. states a policy did not train on)
-    envs: int = 2  # parallel simulator workers (~2.4 GB RAM each)
-    execute_steps: int = 1  # 1: MiniVLA's protocol (re-query every step); 8: OpenVLA-OFT's
-    temperature: float = 0.0  # 0: greedy, the protocol's
+    envs: Annotated[int, Range(1)] = 2  # parallel simulator workers (~2.4 GB RAM each)
+    execute_steps: Annotated[int, Range(1)] = 1  # 1: MiniVLA's protocol (re-query every step); 8: OpenVLA-OFT's
+    temperature: Annotated[float, Range(0)] = 0.0  # 0: greedy, the protocol's
     samples_per_state: int = 1  # K > 1 (needs temperature > 0): WMRL's avg / best@K / all@K protocol
     seed: int = 0  # fixture placement seed (the protocol's env.seed(0)) and sampling seed
-    max_steps: int | None = None  # None: the suite's protocol cap
+    max_steps: Annotated[int | None, Range(1)] = None  # None: the suite's protocol cap
     image_convention: str = "minivla"  # must match the checkpoint's training data
     videos: str = "all"  # all | failures | successes | none
-    videos_per_task: int | None = None  # keep at most this many videos per task (the first trials)
+    videos_per_task: Annotated[int | None, Range(0)] = None  # keep at most this many videos per task (the first trials)
     device: str = "cpu"
     dtype: str = "float32"
     gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
@@ -195,13 +197,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                          "(greedy samples would all be the same episode)")
     if config.image_convention not in IMAGE_CONVENTIONS:
         raise ValueError(f"unknown image_convention {config.image_convention!r}; expected one of {list(IMAGE_CONVENTIONS)}")
-    ranges = {"max_steps": config.max_steps is None or config.max_steps >= 1, "execute_steps": config.execute_steps >= 1,
-              "envs": config.envs >= 1, "temperature": config.temperature >= 0,
-              "videos_per_task": config.videos_per_task is None or config.videos_per_task >= 0}
-    bad = [k for k, ok in ranges.items() if not ok]
-    if bad:  # checked before anything is written: a refused evaluation leaves its directory as it was
-        raise ValueError(f"eval settings out of range: {', '.join(f'{k}={getattr(config, k)!r}' for k in bad)} (max_steps, "
-                         "execute_steps and envs >= 1 or max_steps unset, temperature >= 0, videos_per_task >= 0)")
+    check_config(config, "eval settings")  # before anything is written: a refused evaluation leaves no trace
     if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
         if not config.tasks:
             raise ValueError("suite gym needs tasks: the gymnasium env ids to evaluate")

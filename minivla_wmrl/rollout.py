@@ -5,8 +5,9 @@ Every query batches all live envs into one `policy.generate` call; each env then
 8: the whole chunk, OpenVLA-OFT's). Envs render only at query points, and only the cameras the
 policy reads. When an env's episode ends it starts the next pending episode of its task, so the
 pool stays full. An episode whose spec sets a `horizon` is cut once it has run that many steps
-(`Trajectory.truncated`): GRPO's truncated execution lets the world model score the rest. Each episode samples from its own RNG (seeded by the run seed and the episode
-seed), so a trajectory does not depend on which env ran it or what else was in the batch.
+(`Trajectory.truncated`): GRPO's truncated execution lets the world model score the rest. Each
+episode samples from its own RNG (seeded by the run seed and the episode seed), so a trajectory
+does not depend on which env ran it or what else was in the batch.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def test_bad_checkpoints_and_tasks_are_clear_errors(checkpoint, tmp_path):
     # once silently wrong: -1 reported 0% with every episode an exception, 0 became the env's 400
     for d, bad in (("f", {"max_steps": -1}), ("g", {"max_steps": 0}), ("h", {"execute_steps": 0}),
                    ("i", {"envs": 0}), ("j", {"temperature": -1.0})):
-        with pytest.raises(ValueError, match=f"eval settings out of range: {next(iter(bad))}="):
+        with pytest.raises(ValueError, match=f"eval settings.{next(iter(bad))}: .* is out of range"):
             evaluate(config(checkpoint, tmp_path / d, **bad), progress=False)
     with pytest.raises(ValueError, match="name the same task more than once"):  # was 0/2 from one episode
         evaluate(config(checkpoint, tmp_path / "k", tasks=["0", "0"]), progress=False)

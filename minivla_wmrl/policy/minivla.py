@@ -21,9 +21,6 @@ from minivla_wmrl.policy.tokenizer import END_TOKENS, build_prompt, check_action
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-
 CENTER_CROP_AREA = 0.9  # openvla-mini's eval crop: the training augmentation's random-resized-crop scale
 
 
