@@ -12,7 +12,8 @@ rollouts and each cell is an independent observation; `paired_seeds: true` gives
 same seeds (common random numbers) instead. The output says which.
 
 Outputs under `OUT/ablation/`: one directory per cell (`<arm>/seed<s>/`: the GRPO run,
-`eval/step_N/` per evaluated checkpoint, `cell.json` when done: a re-run skips it),
+`eval/step_N/` per evaluated checkpoint, `cell.json` when done: a re-run skips it, after
+checking that it ran the GRPO settings the recipe asks for now),
 `eval/sft/`, and `ablation.json`, `ablation.md` and `ablation.png` (held-out success against
 cumulative real-simulator steps).
 """
@@ -30,11 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.checkpoint import read_json, recipe_differences
 from minivla_wmrl.config import apply_overrides, config_from_dict, load_recipe
 from minivla_wmrl.plots import plot_ablation
 from minivla_wmrl.statistics import mean_interval, mcnemar_exact, paired_difference, rate
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
+CELL_MAY_DIFFER = ("out", "resume", "env.backend", "env.ray_address", "policy.device")  # do not change results
 
 
 @dataclass
@@ -112,6 +115,7 @@ def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
             "grpo_steps": metrics[-1]["step"], "real_steps": metrics[-1]["real_steps"],
             "real_episodes": metrics[-1]["real_episodes"], "train_s": train_s,
             **{k: metrics[-1].get(k, 0) for k in ("real_steps_full", "real_steps_horizon", "truncated_episodes")},
+            "calibration_auroc": metrics[-1].get("calibration_auroc"),
             "wall_s": time.perf_counter() - start}
     with atomic_file(directory / "cell.json") as tmp:
         tmp.write_text(json.dumps(cell, indent=2))
@@ -136,6 +140,15 @@ def check_ablation(recipe) -> None:
         raise ValueError(f"ablation.eval_every must be >= 0, got {a.eval_every}")
     for i, arm in enumerate(a.arms):  # every arm's overrides name real keys with valid values, before any work
         validate(cell_recipe(recipe, i, arm_seeds(a, arm)[0]))
+    for i, arm in enumerate(a.arms):  # a finished cell is reused only if it ran the settings asked for now
+        for seed in arm_seeds(a, arm):
+            directory = cell_dir(recipe, arm.name, seed)
+            if (directory / "cell.json").exists():
+                saved = read_json(directory / "recipe.json", "the cell's GRPO recipe")
+                changed = recipe_differences(saved, asdict(cell_recipe(recipe, i, seed)), CELL_MAY_DIFFER)
+                if changed:
+                    raise ValueError(f"ablation cell {directory} finished with other settings than the recipe's now: "
+                                     f"{'; '.join(changed)}; restore them, or delete the cell to run it again")
 
 
 def run_ablation(recipe, parallel: int = 1) -> dict:
@@ -219,6 +232,8 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
             lost = sum(1 for k in mine if sft[s_index][k] and not mine[k])
             vs_sft_per_seed.append({"seed": cell["seed"], "gained": gained, "lost": lost,
                                     "p_mcnemar": mcnemar_exact(gained, lost)})
+        aurocs = [c["calibration_auroc"] for c in cells
+                  if c.get("calibration_auroc") is not None and np.isfinite(c["calibration_auroc"])]
         arms.append({
             "arm": arm.name, "overrides": arm.overrides, "seeds": [c["seed"] for c in cells],
             "grpo_seeds": [c["grpo_seed"] for c in cells],
@@ -233,6 +248,7 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
             "real_episodes": mean_interval([c["real_episodes"] for c in cells]),
             "real_steps_per_grpo_step": float(np.mean([c["real_steps"] / c["grpo_steps"] for c in cells])),
             "real_steps_horizon_share": float(np.mean([c.get("real_steps_horizon", 0) / c["real_steps"] for c in cells])),
+            "calibration_auroc": mean_interval(aurocs) if aurocs else None,
             "wall_s": mean_interval([c["wall_s"] for c in cells]),
             "curve": _curve(cells),
         })
@@ -310,15 +326,24 @@ def ablation_table(report: dict) -> str:
               f"Real-simulator cost, measured: steps the envs executed. Ratio: real steps {report['first_arm']} needs to "
               f"reach its final held-out success over the steps the arm needs to reach it (mean curves, linear between "
               "evaluated checkpoints; > 1: cheaper).", "",
-              "| arm | real steps per GRPO step | share cut at the horizon | real steps to reach "
-              f"{report['first_arm']}'s final success | ratio |", "|---|---|---|---|---|"]
+              f"| arm | real steps per GRPO step (× fewer than {report['first_arm']}) | share cut at the horizon | "
+              f"world-model AUROC on calibration pairs | real steps to reach {report['first_arm']}'s final success | ratio |",
+              "|---|---|---|---|---|---|"]
+    per_step_first = report["arms"][0]["real_steps_per_grpo_step"]
+    starred = False
     for arm in report["arms"]:
         needs, ratio = arm["steps_to_first_arm_final"], arm["real_step_ratio"]
         single = len(arm["curve"]) == 1 and needs is not None and needs < arm["curve"][0]["real_steps"]
-        lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} | {100 * arm['real_steps_horizon_share']:.0f}% | "
+        starred |= single
+        auroc = arm.get("calibration_auroc")
+        auroc_text = "-" if auroc is None else f"{auroc['mean']:.2f}" + (
+            "" if auroc["ci95"] is None else f" [{auroc['ci95'][0]:.2f}, {auroc['ci95'][1]:.2f}]")
+        lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} "
+                     f"({per_step_first / arm['real_steps_per_grpo_step']:.2f}×) | {100 * arm['real_steps_horizon_share']:.0f}% | "
+                     f"{auroc_text} | "
                      f"{'not reached' if needs is None else f'{needs:.0f}'}{' *' if single else ''} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'}{' *' if single else ''} |")
-    if any(len(arm["curve"]) == 1 for arm in report["arms"]):
+    if starred:
         lines += ["", "\\* interpolated on a straight line from SFT to the only evaluated (final) checkpoint: not a "
                   "measurement of when the success was reached; set `ablation.eval_every` for intermediate checkpoints."]
     return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.checkpoint import load_weights, read_json
 from minivla_wmrl.config import config_from_dict
 
 
@@ -162,13 +163,11 @@ class ActionTokenizer(nn.Module):
         config_path = directory / "config.json"
         if not config_path.is_file():
             raise FileNotFoundError(f"action tokenizer directory {directory} has no config.json")
-        data = json.loads(config_path.read_text())
+        data = read_json(config_path, "action tokenizer config")
         if (directory / "model.safetensors").is_file():
-            from safetensors.torch import load_file
-
             tokenizer = cls(ActionTokenizerConfig.from_dict(data, str(config_path)))
-            tokenizer._load_checked(load_file(directory / "model.safetensors", device=map_location), directory)
-            return tokenizer.eval()
+            load_weights(tokenizer, directory / "model.safetensors")
+            return tokenizer.to(map_location).eval()
         if (directory / "checkpoints" / "model.pt").is_file():
             return cls.load_released(directory, map_location)
         raise FileNotFoundError(f"{directory} holds neither model.safetensors nor checkpoints/model.pt")

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
-    except (ValueError, RuntimeError, FileNotFoundError, ImportError) as error:
+    except (ValueError, RuntimeError, FileNotFoundError, NotADirectoryError, ImportError) as error:
         print(f"minivla-wmrl {args.command}: error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -26,9 +26,11 @@ import torch
 
 from envs.factory import GYM, env_factory, env_pool
 from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, resolve_task
+from minivla_wmrl.atomic import output_directory
 from minivla_wmrl.config import Range, check_config
 from minivla_wmrl.init_states import evaluation_init_states
 from minivla_wmrl.policy.checkpoint import load_policy
+from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from minivla_wmrl.statistics import rate
 from minivla_wmrl.video import write_episode_video
@@ -56,16 +58,18 @@ class EvalConfig:
     videos: str = "all"  # all | failures | successes | none
     videos_per_task: Annotated[int | None, Range(0)] = None  # keep at most this many videos per task (the first trials)
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: PolicyDtype = "float32"
     gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
     backend: str = "local"  # simulator workers: "local" processes or "ray" actors
     ray_address: str | None = None
 
 
 def checkpoint_hash(directory: Path) -> str:
-    """sha256 over the checkpoint's files (names and contents), training state excluded."""
+    """sha256 over the checkpoint's files (names and contents), training state and recipe excluded."""
+    from minivla_wmrl.checkpoint import RUN_FILES
+
     digest = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name != "training_state.pt"):
+    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name not in RUN_FILES):
         digest.update(str(path.relative_to(directory)).encode())
         with open(path, "rb") as f:
             for block in iter(functools.partial(f.read, 1 << 20), b""):
@@ -198,6 +202,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     if config.image_convention not in IMAGE_CONVENTIONS:
         raise ValueError(f"unknown image_convention {config.image_convention!r}; expected one of {list(IMAGE_CONVENTIONS)}")
     check_config(config, "eval settings")  # before anything is written: a refused evaluation leaves no trace
+    output_directory(Path(config.out), create=False)
     if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
         if not config.tasks:
             raise ValueError("suite gym needs tasks: the gymnasium env ids to evaluate")
@@ -213,12 +218,10 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         trial_ids = {task: evaluation_init_states(config.trials, len(bench.get_task_init_states(task)),
                                                   config.first_trial) for task in tasks}
         action_dim = LiberoEnv.action_dim
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
-    policy = load_policy(Path(config.checkpoint), device=config.device, dtype=dtype)
+    policy = load_policy(Path(config.checkpoint), device=config.device, dtype=DTYPES[config.dtype])
     _check_policy(policy, config.checkpoint, action_dim)
 
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_directory(Path(config.out))
     run_settings = settings(config, tasks) | {"center_crop": policy.config.center_crop}
     settings_path = out / "eval_settings.json"
     if settings_path.exists():

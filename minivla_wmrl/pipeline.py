@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from envs.factory import GYM
 from minivla_wmrl.ablation import AblationConfig
+from minivla_wmrl.atomic import output_directory
 from minivla_wmrl.config import load_recipe
 from minivla_wmrl.train.grpo import GRPORecipe
 from minivla_wmrl.train.sft import SFTRecipe
@@ -100,27 +101,50 @@ class Pipeline:
 
     def connect(self) -> None:
         """Fill each stage's recipe with the outputs of the stages before it."""
-        r, out, w = self.r, self.out, self.r.weights
+        r, out, w, wire = self.r, self.out, self.r.weights, self._wire
         if r.tasks == ["all"] and r.suite != GYM:
             from envs.libero_env import get_suite
 
             r.tasks = [str(i) for i in range(get_suite(r.suite).n_tasks)]
-        r.sft.out, r.sft.data.paths = str(out / "sft"), self.data
-        r.sft.vq.path = w.vq_dir or str(out / "vq" / "action_tokenizer")
+        wire("sft.out", str(out / "sft"))
+        wire("sft.data.paths", self.data)
+        wire("sft.vq.path", w.vq_dir or str(out / "vq" / "action_tokenizer"))
         if w.qwen_dir:
-            r.sft.policy.tokenizer = w.qwen_dir
+            wire("sft.policy.tokenizer", w.qwen_dir)
         if w.minivla_run_dir:
-            r.sft.policy.init_checkpoint = str(out / "pretrained")
+            wire("sft.policy.init_checkpoint", str(out / "pretrained"))
         convention = r.sft.data.image_convention  # every stage sees images as the policy was trained on them
-        r.wm.out, r.wm.data.demos, r.wm.data.image_convention = str(out / "wm"), self.data, convention
-        r.wm.collect.image_convention = r.grpo.env.image_convention = convention
-        if r.wm.collect.episodes_per_task > 0:
-            r.wm.collect.checkpoint = str(out / "sft" / "final")
-            r.wm.collect.suite, r.wm.collect.tasks, r.wm.collect.gym = r.suite, list(r.tasks), dict(r.gym)
-        r.grpo.out, r.grpo.policy.checkpoint = str(out / "grpo"), str(out / "sft" / "final")
-        r.grpo.env.suite, r.grpo.env.tasks, r.grpo.env.gym = r.suite, list(r.tasks), dict(r.gym)
+        for key in ("wm.data.image_convention", "wm.collect.image_convention", "grpo.env.image_convention"):
+            wire(key, convention)
+        wire("wm.out", str(out / "wm"))
+        wire("wm.data.demos", self.data)
+        collects = r.wm.collect.episodes_per_task > 0
+        if collects:
+            wire("wm.collect.checkpoint", str(out / "sft" / "final"))
+        for stage in ("wm.collect", "grpo.env") if collects else ("grpo.env",):
+            wire(f"{stage}.suite", r.suite)
+            wire(f"{stage}.tasks", list(r.tasks))
+            wire(f"{stage}.gym", dict(r.gym))
+        wire("grpo.out", str(out / "grpo"))
+        wire("grpo.policy.checkpoint", str(out / "sft" / "final"))
         if r.grpo.world_model.name == "progress" and not r.grpo.world_model.options:
             r.grpo.world_model.options = {"path": str(out / "wm" / "world_model")}
+
+    def _wire(self, key: str, value) -> None:
+        """Set a stage input the pipeline owns (a dotted recipe key); a different value the user set
+        there is refused, not silently replaced."""
+        *parents, name = key.split(".")
+        section = self.r
+        for parent in parents:
+            section = getattr(section, parent)
+        declared = next(f for f in fields(section) if f.name == name)
+        default = declared.default if declared.default is not MISSING else declared.default_factory()
+        current = getattr(section, name)
+        if current != default and current != value:
+            raise ValueError(f"the pipeline recipe sets {key} = {current!r}, but the pipeline connects it to "
+                             f"{value!r} (from the stage before or the top-level settings); remove {key} from the "
+                             "recipe, or set what it comes from")
+        setattr(section, name, value)
 
     def required_inputs(self) -> list[tuple[str, str | None, bool]]:
         """(name, path, exists) of every user-provided input the recipe names or needs."""
@@ -162,7 +186,7 @@ class Pipeline:
     def run(self, stages=STAGES, skip_finished: bool = False) -> dict:
         """Run `stages` in order; `skip_finished` keeps the outputs of stages already complete."""
         self.check_inputs()
-        self.out.mkdir(parents=True, exist_ok=True)
+        output_directory(self.out)
         (self.out / "pipeline_recipe.json").write_text(json.dumps(asdict(self.r), indent=2, default=str))
         results, times_path = {}, self.out / "stage_times.json"
         times = json.loads(times_path.read_text()) if times_path.exists() else {}
@@ -207,6 +231,7 @@ class Pipeline:
         import shutil
 
         from minivla_wmrl.atomic import atomic_directory
+        from minivla_wmrl.checkpoint import RUN_FILES
         from minivla_wmrl.policy.checkpoint import import_prismatic, save_policy
         from minivla_wmrl.train.sft import train_sft
 
@@ -216,7 +241,7 @@ class Pipeline:
                                          w.unnorm_key), self.out / "pretrained")
         result = train_sft(self.r.sft)
         with atomic_directory(self.out / "sft" / "final") as tmp:  # the checkpoint later stages start from
-            shutil.copytree(result["checkpoint"], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("training_state.pt"))
+            shutil.copytree(result["checkpoint"], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*RUN_FILES))
         return {k: v for k, v in result.items() if k != "history"}
 
     def stage_wm(self) -> dict:
@@ -237,7 +262,7 @@ class Pipeline:
         from minivla_wmrl.compare import compare, comparison_table
         from minivla_wmrl.evaluate import evaluate
         from minivla_wmrl.plots import plot_training_curves
-        from minivla_wmrl.run_log import latest_checkpoint
+        from minivla_wmrl.checkpoint import latest_checkpoint
 
         e, infos, directories = self.r.eval, {}, []
         for name in e.checkpoints:

@@ -12,13 +12,13 @@ CURVES = {"sft": ("loss", "action_accuracy"), "wm": ("loss", "val_success_auroc"
           "grpo": ("success_rate", "reward_mean_anchor")}
 
 
-def _figure(rows: int, cols: int):
+def _figure(rows: int, cols: int, panel: tuple[float, float] = (4, 3)):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt, *plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    return plt, *plt.subplots(rows, cols, figsize=(panel[0] * cols, panel[1] * rows), squeeze=False)
 
 
 def _save(plt, figure, path: Path) -> Path:
@@ -66,7 +66,7 @@ def plot_calibration(debiaser, path: Path, bins: int = 10) -> Path:
 
 def plot_ablation(report: dict, path: Path) -> Path:
     """Held-out success (mean over seeds, 95% t interval) against cumulative real-simulator steps."""
-    plt, figure, axes = _figure(1, 1)
+    plt, figure, axes = _figure(1, 1, panel=(6.5, 4.5))
     ax, sft = axes[0][0], report["sft"]["success_rate"]
     for arm in report["arms"]:
         x = [0.0] + [p["real_steps"] for p in arm["curve"]]
@@ -79,6 +79,6 @@ def plot_ablation(report: dict, path: Path) -> Path:
         ax.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=arm["arm"])
     ax.set_xlabel("cumulative real-simulator steps")
     ax.set_ylabel("held-out success")
-    ax.set_title("held-out success vs real-simulator steps (mean over seeds, 95% CI)", fontsize=8)
-    ax.legend(fontsize=7)
+    ax.set_title("held-out success vs real-simulator steps (mean over seeds, 95% CI)", fontsize=10)
+    ax.legend(fontsize=8)
     return _save(plt, figure, path)

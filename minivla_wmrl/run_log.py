@@ -1,4 +1,4 @@
-"""A training run's metrics (`metrics.jsonl` + TensorBoard, optional wandb) and its checkpoint list.
+"""A training run's metrics (`metrics.jsonl` + TensorBoard, optional wandb).
 
 On resume from step N, what an interrupted run logged after N is dropped, so the resumed log
 reads as one uninterrupted run.
@@ -9,15 +9,27 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
+import sys
 from pathlib import Path
 
 
-def latest_checkpoint(out: Path) -> Path | None:
-    """The highest `checkpoints/step_N` of a run directory, or None. Only exact `step_<digits>`
-    directories count: `step_0000080.bak2` or `step_final` are someone's copies, not checkpoints."""
-    found = [p for p in (Path(out) / "checkpoints").glob("step_*") if re.fullmatch(r"step_\d+", p.name) and p.is_dir()]
-    return max(found, key=lambda p: int(p.name[len("step_"):])) if found else None
+def _read_records(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) of each line of a metrics file. A last line cut short by a kill is dropped,
+    saying so; an unreadable line elsewhere is an error naming it."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "step" not in record:
+                raise ValueError("not a record with a step")
+        except ValueError as error:
+            if number == len(lines):
+                print(f"{path}: dropping its last line, cut short ({error})", file=sys.stderr)
+                break
+            raise ValueError(f"{path} line {number} is not a metrics record ({error}): {line[:80]!r}") from None
+        records.append((line, record))
+    return records
 
 
 class MetricsLog:
@@ -27,10 +39,9 @@ class MetricsLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.path, self.prefix = Path(out) / "metrics.jsonl", prefix
-        kept = [line for line in (self.path.read_text().splitlines() if self.path.exists() else [])
-                if json.loads(line)["step"] <= resume_step]
-        self.path.write_text("".join(line + "\n" for line in kept))
-        self.history = [json.loads(line) for line in kept]
+        kept = [(line, record) for line, record in _read_records(self.path) if record["step"] <= resume_step]
+        self.path.write_text("".join(line + "\n" for line, _ in kept))
+        self.history = [record for _, record in kept]
         self.file = open(self.path, "a")
         self.writer = SummaryWriter(Path(out) / "tensorboard")
         self.wandb = None

@@ -1,4 +1,4 @@
-"""Statistics for success rates: Wilson intervals, paired comparisons, means over seeds.
+"""Statistics for success rates: Wilson intervals, paired comparisons, means over seeds, AUROC.
 
 A success rate without its interval proves nothing either way; a difference between two
 checkpoints is judged on the episodes they share (same task, init state and sampling seed), so
@@ -82,3 +82,14 @@ def mean_interval(values, confidence: float = CONFIDENCE) -> dict:
         return {"mean": mean, "ci95": None, "n": int(values.size)}
     half = float(stats.t.ppf((1 + confidence) / 2, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size))
     return {"mean": mean, "ci95": [mean - half, mean + half], "n": int(values.size)}
+
+
+def auroc(scores, labels) -> float:
+    """Area under the ROC curve by the Mann-Whitney rank statistic (ties count half); NaN without
+    both classes."""
+    labels = np.asarray(labels, bool)
+    positives, negatives = labels.sum(), (~labels).sum()
+    if not positives or not negatives:
+        return float("nan")
+    ranks = stats.rankdata(scores)
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))

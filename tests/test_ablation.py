@@ -67,12 +67,23 @@ def test_ablation_pairs_arms_on_held_out_states_and_resumes(recipe_path, capsys)
     assert sparse["steps_to_first_arm_final"] is not None  # the first arm reaches its own final success
     table = (out / "ablation" / "ablation.md").read_text()
     assert "| lr0 |" in table and "8/8" in table and "Real-simulator cost" in table
+    assert sparse["calibration_auroc"] is None and "| sparse | " in table.split("Real-simulator cost")[1]
+    assert "interpolated on a straight line" not in table  # every arm has an intermediate checkpoint: nothing starred
     assert (out / "ablation" / "ablation.png").stat().st_size > 0
 
     cells = sorted((out / "ablation").glob("*/seed*/cell.json"))
     assert len(cells) == 3
     stamps = [os.stat(c).st_mtime_ns for c in cells]
     assert cli(["ablate", str(path)]) == 0  # a re-run skips finished cells
+    assert [os.stat(c).st_mtime_ns for c in cells] == stamps
+
+    changed = yaml.safe_load(path.read_text())  # ... but not when they ran other settings
+    changed["grpo"]["grpo"]["lr"] = 3e-3
+    path.with_name("changed.yaml").write_text(yaml.safe_dump(changed))
+    capsys.readouterr()
+    assert cli(["ablate", str(path.with_name("changed.yaml"))]) == 1
+    err = capsys.readouterr().err
+    assert "sparse/seed0" in err and "grpo.lr: 0.006 → 0.003" in err
     assert [os.stat(c).st_mtime_ns for c in cells] == stamps
 
 

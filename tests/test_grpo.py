@@ -80,23 +80,24 @@ def test_two_steps_in_every_reward_mode(envs, checkpoints, tmp_path, mode):
     if mode == "dense_calib":
         assert last["denoise_active"] == 0.0  # every rollout an anchor: the weight cannot separate anything
         assert result["trainer"].debiaser.fits >= 1 and len(result["trainer"].debiaser.pairs) == 8
+        assert np.isnan(last["calibration_auroc"])  # a policy that never succeeds: one outcome, nothing to rank
+    else:
+        assert "calibration_auroc" not in last
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     checkpoint = tmp_path / "checkpoints" / "step_0000002"
     assert (checkpoint / "model.safetensors").exists() and (checkpoint / "world_model" / "config.json").exists()
 
 
-def test_interrupted_run_resumes_with_identical_results(envs, checkpoints, tmp_path):
-    def uncalibrated(out, **grpo):
-        # a random policy never succeeds: a fitted map would be flat at 0 and stop every update, so
-        # the debiaser only collects pairs here (its state must still resume exactly)
-        r = recipe(checkpoints, out, reward_mode="dense_calib", **grpo)
-        r.debias.min_pairs = 100
-        return r
+def uncalibrated(checkpoints, out, **grpo) -> GRPORecipe:
+    """dense_calib that learns from a random policy: one that never succeeds would fit a map flat at 0
+    and stop every update, so the debiaser only collects pairs (its state must still resume exactly)."""
+    r = recipe(checkpoints, out, reward_mode="dense_calib", **grpo)
+    r.debias.min_pairs = 100
+    return r
 
-    full = train_grpo(uncalibrated(tmp_path / "full"), envs=envs, progress=False)
-    train_grpo(uncalibrated(tmp_path / "cut", steps=1), envs=envs, progress=False)
-    resumed = train_grpo(uncalibrated(tmp_path / "cut"), envs=envs, progress=False)
+
+def assert_same_run(full: dict, resumed: dict) -> None:
     a, b = full["history"][-1], resumed["history"][-1]
     assert a["samples"] > 0  # the resumed step updates the policy
     for key in ("success_rate", "wm_score_mean", "loss", "approx_kl", "wm_loss", "real_episodes", "samples"):
@@ -104,6 +105,46 @@ def test_interrupted_run_resumes_with_identical_results(envs, checkpoints, tmp_p
     for (name, p), q in zip(full["trainer"].policy.named_parameters(), resumed["trainer"].policy.parameters()):
         assert torch.allclose(p, q, atol=1e-6), name
     assert full["trainer"].debiaser.state_dict() == resumed["trainer"].debiaser.state_dict()
+
+
+def test_interrupted_run_resumes_with_identical_results(envs, checkpoints, tmp_path):
+    full = train_grpo(uncalibrated(checkpoints, tmp_path / "full"), envs=envs, progress=False)
+    train_grpo(uncalibrated(checkpoints, tmp_path / "cut", steps=1), envs=envs, progress=False)
+    assert_same_run(full, train_grpo(uncalibrated(checkpoints, tmp_path / "cut"), envs=envs, progress=False))
+
+
+def test_faults_mid_checkpoint_and_mid_metrics_line_resume_exactly(envs, checkpoints, tmp_path, monkeypatch):
+    """Interrupted while writing step 2's training state, then halfway through step 3's metrics line:
+    each resume continues from the last complete checkpoint and ends where the uninterrupted run ends."""
+    from minivla_wmrl import checkpoint, run_log
+
+    full = train_grpo(uncalibrated(checkpoints, tmp_path / "full", steps=3), envs=envs, progress=False)
+    write_state, write_line = checkpoint.write_training_state, run_log.MetricsLog.write
+
+    def state_fault(directory, state):
+        if state["step"] == 2:
+            raise KeyboardInterrupt
+        write_state(directory, state)
+
+    def line_fault(self, record):
+        if record["step"] == 3:
+            self.file.write(json.dumps(record)[:30])
+            raise KeyboardInterrupt
+        write_line(self, record)
+
+    cut = uncalibrated(checkpoints, tmp_path / "cut", steps=3)
+    for target, fault in ((checkpoint, ("write_training_state", state_fault)), (run_log.MetricsLog, ("write", line_fault))):
+        monkeypatch.setattr(target, *fault)
+        with pytest.raises(KeyboardInterrupt):
+            train_grpo(cut, envs=envs, progress=False)
+        monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()) == ["step_0000001", "step_0000002"]
+    resumed = train_grpo(cut, envs=envs, progress=False)
+    assert [r["step"] for r in resumed["history"]] == [1, 2, 3]
+    assert_same_run(full, resumed)
+    other = uncalibrated(checkpoints, tmp_path / "cut", steps=4, rollouts_per_task=8)
+    with pytest.raises(ValueError, match="grpo.rollouts_per_task: 4 → 8"):
+        train_grpo(other, envs=envs, progress=False)
 
 
 def test_real_step_budget_ends_the_run_at_the_step_that_reaches_it(envs, checkpoints, tmp_path):

@@ -57,3 +57,21 @@ def test_gym_recipe_runs_end_to_end(tmp_path, capsys):
     assert (out / "plots" / "training_curves.png").stat().st_size > 0
     assert (out / "plots" / "wm_calibration.png").stat().st_size > 0
     assert set(json.loads((out / "stage_times.json").read_text())) == {"demos", "vq", "sft", "wm", "grpo", "eval"}
+
+
+@pytest.mark.parametrize("override, key", [
+    ("grpo.policy.checkpoint=runs/elsewhere/final", "grpo.policy.checkpoint"),
+    ("sft.out=runs/my_sft", "sft.out"),
+    ("wm.collect.tasks=['3']", "wm.collect.tasks"),
+])
+def test_a_stage_input_the_pipeline_connects_is_not_silently_replaced(tmp_path, capsys, override, key):
+    assert cli(["run", "recipes/demo.yaml", f"out={tmp_path / 'run'}", override, "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert f"sets {key} = " in err and "remove" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_values_equal_to_the_connected_ones_are_accepted(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli(["run", "recipes/demo.yaml", f"out={out}", f"grpo.policy.checkpoint={out / 'sft' / 'final'}",
+                "--dry-run"]) == 0

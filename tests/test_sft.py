@@ -152,3 +152,70 @@ def test_two_process_ddp_and_fsdp_match_one_process_with_the_same_global_batch(d
         for key in ("loss", "grad_norm", "val_loss"):
             np.testing.assert_allclose([r[key] for r in logs[name] if key in r], [r[key] for r in logs["one"] if key in r],
                                        rtol=1e-4, err_msg=f"{name}: {key}")
+
+
+# Runs SFT in a child process and SIGKILLs it at a chosen point: while the checkpoint of step `at` is
+# being written (after the weights, before the training state), or halfway through the metrics line
+# of step `at`.
+KILLED_SFT = """
+import json, os, signal, sys
+from minivla_wmrl import checkpoint, run_log
+from minivla_wmrl.config import config_from_dict
+from minivla_wmrl.train.sft import SFTRecipe, train_sft
+
+recipe, fault, at = config_from_dict(SFTRecipe, json.loads(sys.argv[1]), "driver"), sys.argv[2], int(sys.argv[3])
+die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+write_state, write_line = checkpoint.write_training_state, run_log.MetricsLog.write
+if fault == "checkpoint":
+    checkpoint.write_training_state = lambda d, s: die() if s["step"] == at else write_state(d, s)
+else:
+    def write(self, record):
+        if record["step"] == at:
+            self.file.write(json.dumps(record)[:20])
+            self.file.flush()
+            die()
+        write_line(self, record)
+    run_log.MetricsLog.write = write
+train_sft(recipe, progress=False)
+"""
+
+
+def test_sft_killed_at_random_points_resumes_to_the_uninterrupted_run(demos, tmp_path):
+    """Fault injection: SIGKILL mid-checkpoint and mid-metrics-line at seeded random steps (twice in one
+    run), then a damaged latest checkpoint; every resume ends where the uninterrupted run ends."""
+    from dataclasses import asdict
+
+    from safetensors.torch import load_file
+
+    steps, save_every = 8, 2
+    straight = train_sft(make_recipe(demos, tmp_path / "straight", steps=steps, save_every=save_every), progress=False)
+    recipe = make_recipe(demos, tmp_path / "killed", steps=steps, save_every=save_every)
+    rng = np.random.default_rng(0)
+    kills = [("checkpoint", int(rng.choice([2, 4]))), ("metrics", int(rng.integers(5, steps + 1)))]
+    for fault, at in kills:
+        child = subprocess.run([sys.executable, "-c", KILLED_SFT, json.dumps(asdict(recipe)), fault, str(at)],
+                               capture_output=True, text=True)
+        assert child.returncode == -9, child.stderr[-2000:]
+    final = tmp_path / "killed" / "checkpoints" / f"step_{steps:07d}"
+    assert not final.exists()  # both kills came before the end
+    train_sft(recipe, progress=False)
+    (final / "model.safetensors").write_bytes((final / "model.safetensors").read_bytes()[:1000])  # damaged
+    train_sft(recipe, progress=False)  # falls back to step 6 and redoes 7-8
+
+    def logged(run):
+        return [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+
+    assert [r["step"] for r in logged("killed")] == list(range(1, steps + 1))
+    np.testing.assert_allclose([r["loss"] for r in logged("killed")], [r["loss"] for r in logged("straight")],
+                               rtol=1e-5)
+    a, b = load_file(f"{straight['checkpoint']}/model.safetensors"), load_file(final / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert not [p for p in (tmp_path / "killed" / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_resuming_sft_with_another_batch_size_is_refused(demos, tmp_path):
+    train_sft(make_recipe(demos, tmp_path, steps=2, save_every=2), progress=False)
+    with pytest.raises(ValueError, match="sft.batch_size: 8 → 4"):
+        train_sft(make_recipe(demos, tmp_path, steps=4, batch_size=4), progress=False)
+    assert train_sft(make_recipe(demos, tmp_path, steps=3, save_every=3), progress=False)["last"]["step"] == 3

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from minivla_wmrl.statistics import (bootstrap_mean_interval, mcnemar_exact, mean_interval, paired_difference, rate,
-                                     wilson_interval)
+from minivla_wmrl.statistics import (auroc, bootstrap_mean_interval, mcnemar_exact, mean_interval, paired_difference,
+                                     rate, wilson_interval)
 
 
 def test_wilson_interval_matches_the_closed_form():
@@ -51,3 +51,11 @@ def test_bootstrap_and_t_intervals():
     half = 4.302653 * 0.1 / np.sqrt(3)  # t(0.975, 2 df) × s / √n
     assert m["mean"] == pytest.approx(0.5) and m["ci95"] == pytest.approx([0.5 - half, 0.5 + half], abs=1e-5)
     assert mean_interval([0.3])["ci95"] is None
+
+
+def test_auroc_ranks_positives_above_negatives_with_ties_counting_half():
+    assert auroc([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1]) == 1.0
+    assert auroc([0.9, 0.8, 0.2, 0.1], [0, 0, 1, 1]) == 0.0
+    assert auroc([0.5, 0.5, 0.5], [0, 1, 1]) == 0.5
+    assert auroc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == 0.75  # one of four (positive, negative) pairs reversed
+    assert np.isnan(auroc([0.1, 0.2], [1, 1]))

@@ -62,3 +62,29 @@ def test_noop_filtering_keeps_gripper_changes():
     # before anything is kept, a still arm is dropped whatever its gripper (the reference's rule)
     first_still = np.array([[0] * 6 + [1], [0] * 6 + [-1], [0.1] * 6 + [-1], [0] * 6 + [-1]], float)
     np.testing.assert_array_equal(keep_mask(first_still), [False, False, True, False])
+
+
+def test_float_frames_and_damaged_frames_are_named(tmp_path):
+    from minivla_wmrl.data.dataset import DemoDataset
+    from minivla_wmrl.normalization import ActionStatistics
+
+    actions = np.random.default_rng(0).uniform(-1, 1, (16, 7))
+    with h5py.File(tmp_path / "float.hdf5", "w") as f:  # once cast to near-black uint8 frames, and trained on
+        f.create_dataset("data/demo_0/actions", data=actions)
+        f.create_dataset("data/demo_0/obs/agentview_rgb", data=np.full((16, 8, 8, 3), 0.5, np.float32))
+    with pytest.raises(ValueError, match=r"float.hdf5: data/demo_0/obs/agentview_rgb is float32 .* expected uint8"):
+        read_episodes([tmp_path / "float.hdf5"])
+    path = tmp_path / "damaged.hdf5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data/demo_0/actions", data=actions)
+        frames = f.create_dataset("data/demo_0/obs/agentview_rgb", compression="gzip", chunks=(1, 8, 8, 3),
+                                  data=np.random.default_rng(1).integers(0, 255, (16, 8, 8, 3), dtype=np.uint8))
+        chunk = frames.id.get_chunk_info(3)
+    data = bytearray(path.read_bytes())
+    data[chunk.byte_offset:chunk.byte_offset + chunk.size] = b"\xab" * chunk.size  # bytes in the middle overwritten
+    path.write_bytes(bytes(data))
+    episodes = read_episodes([path])
+    dataset = DemoDataset(episodes, ActionStatistics.from_actions(actions, num_trajectories=1), image_size=8)
+    dataset[0]  # an intact frame reads
+    with pytest.raises(ValueError, match=r"damaged.hdf5: data/demo_0/obs/\['agentview_rgb'\] frame 3 cannot be read"):
+        dataset[int(np.flatnonzero(episodes[0].frames == 3)[0])]

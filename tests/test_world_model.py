@@ -13,7 +13,8 @@ from minivla_wmrl.cli import main as cli
 from minivla_wmrl.data.demos import generate_demos
 from minivla_wmrl.data.trajectories import demo_trajectories, rollout_trajectories, save_trajectories
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer, auroc
+from minivla_wmrl.statistics import auroc
+from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
@@ -126,7 +127,7 @@ def test_online_update_and_save_load_round_trip(labelled, tmp_path):
     np.testing.assert_allclose(loaded.score(frames, instructions), model.score(frames, instructions), atol=1e-6)
 
 
-def test_wm_command_trains_and_resumes_exactly(labelled, tmp_path):
+def test_wm_command_trains_and_resumes_exactly(labelled, tmp_path, monkeypatch, capsys):
     _, failed, demo_file, _ = labelled
     rollouts = save_trajectories(tmp_path / "rollouts.hdf5", failed)
     recipe = tmp_path / "wm.yaml"
@@ -140,12 +141,22 @@ def test_wm_command_trains_and_resumes_exactly(labelled, tmp_path):
         return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
     full = run(tmp_path / "full")
-    run(tmp_path / "cut", "train.steps=3")
+    from minivla_wmrl import checkpoint
+
+    write_state = checkpoint.write_training_state
+    monkeypatch.setattr(checkpoint, "write_training_state",  # interrupted while writing step 6's checkpoint
+                        lambda d, s: (_ for _ in ()).throw(KeyboardInterrupt) if s["step"] == 6 else write_state(d, s))
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut")
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "cut" / "checkpoints").iterdir()] == ["step_0000003"]
     resumed = run(tmp_path / "cut")
     assert [r["step"] for r in full] == [3, 6] and (tmp_path / "full" / "world_model" / "model.safetensors").exists()
     assert resumed[-1]["loss"] == pytest.approx(full[-1]["loss"], rel=1e-5)
     assert 0.0 <= full[-1]["val_success_auroc"] <= 1.0
     assert cli(["wm", str(recipe), f"out={tmp_path / 'bad'}", "train.stepz=3"]) == 1
+    assert cli(["wm", str(recipe), f"out={tmp_path / 'cut'}", "train.steps=9", "train.lr=0.01"]) == 1
+    assert "train.lr: 0.0003 → 0.01" in capsys.readouterr().err
 
 
 def test_final_prefix_targets_label_every_prefix_with_the_final_outcome(labelled):

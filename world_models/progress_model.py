@@ -124,15 +124,25 @@ class ProgressWorldModel(nn.Module, TrajectoryScorer):
 
     @classmethod
     def load(cls, directory: Path, device: str = "cpu") -> ProgressWorldModel:
+        from safetensors import SafetensorError
         from safetensors.torch import load_model
 
         directory = Path(directory)
         for name in ("config.json", "model.safetensors"):
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"world model directory {directory} lacks {name}")
-        meta = json.loads((directory / "config.json").read_text())
+        try:
+            meta = json.loads((directory / "config.json").read_text())
+        except ValueError as error:
+            raise ValueError(f"{directory}/config.json is not valid JSON ({error})") from None
         if meta.get("format") != FORMAT:
             raise ValueError(f"{directory}/config.json is not a {FORMAT} world model")
         model = cls(ProgressModelConfig.from_dict(meta["config"], str(directory / "config.json")))
-        load_model(model, str(directory / "model.safetensors"), strict=True)
+        try:
+            load_model(model, str(directory / "model.safetensors"), strict=True)
+        except SafetensorError as error:
+            raise ValueError(f"{directory}/model.safetensors cannot be read ({error}); truncated or damaged") from None
+        except RuntimeError as error:
+            raise ValueError(f"{directory}/model.safetensors does not fit its config.json: "
+                             f"{str(error).splitlines()[1:2]}") from None
         return model.to(device).eval()

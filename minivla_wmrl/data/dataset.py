@@ -118,12 +118,20 @@ def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None =
                 for key in ["actions"] + [f"obs/{k}" for k in (image_key, wrist_key) if k]:
                     if key not in group:
                         raise ValueError(f"{path}: data/{demo} lacks '{key}'")
-                raw = np.asarray(group["actions"], dtype=np.float64)
+                try:
+                    raw = np.asarray(group["actions"], dtype=np.float64)
+                except OSError as error:
+                    raise ValueError(f"{path}: data/{demo}/actions cannot be read ({error}); the file is damaged") from None
                 expected_dim = 7 if gripper == "libero" else raw.shape[-1]
                 if raw.ndim != 2 or raw.shape[1] != expected_dim:
                     raise ValueError(f"{path}: data/{demo}/actions has shape {raw.shape}; expected (T, {expected_dim})")
                 if not np.all(np.isfinite(raw)):
                     raise ValueError(f"{path}: data/{demo}/actions contains NaN/inf")
+                for key in (image_key, wrist_key):  # float frames in [0, 1] once became near-black uint8 and trained
+                    frames = group[f"obs/{key}"] if key else None
+                    if frames is not None and (frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3):
+                        raise ValueError(f"{path}: data/{demo}/obs/{key} is {frames.dtype} {frames.shape}; expected uint8 "
+                                         "(T, H, W, 3) RGB frames in 0..255 (scale float images before writing them)")
                 if image_key and len(group[f"obs/{image_key}"]) != len(raw):
                     raise ValueError(f"{path}: data/{demo} has {len(group[f'obs/{image_key}'])} frames for {len(raw)} actions")
                 keep = np.flatnonzero(keep_mask(raw))
@@ -161,7 +169,11 @@ class DemoDataset(Dataset):
         if episode.file not in self._handles:  # one handle per file and per loader worker
             self._handles[episode.file] = h5py.File(episode.file, "r")
         group = self._handles[episode.file]["data"][episode.demo]["obs"]
-        frames = np.stack([group[k][episode.frames[t]] for k in self.keys])
+        try:
+            frames = np.stack([group[k][episode.frames[t]] for k in self.keys])
+        except OSError as error:  # a damaged (compressed) chunk: h5py's message names no file
+            raise ValueError(f"{episode.file}: data/{episode.demo}/obs/{self.keys} frame {episode.frames[t]} cannot be "
+                             f"read ({error}); the file is damaged") from None
         if episode.image_convention == "opengl":
             frames = self.upright(frames)
         return np.ascontiguousarray(frames)

@@ -19,7 +19,7 @@ from robosuite.utils.transform_utils import quat2axisangle
 from tqdm import tqdm
 
 from envs.experts import expert_for
-from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.atomic import atomic_file, output_directory
 from envs.libero_env import LiberoEnv
 
 
@@ -95,6 +95,7 @@ def generate_demos(suite: str, task: int | str, num: int, out: Path, init_states
     """Record scripted episodes until `num` succeed (or the init states run out); write the successes."""
     if num < 1:  # 0 once wrote one demo
         raise ValueError(f"demos: num must be >= 1 successful demos per task, got {num}")
+    output_directory(out)
     env = LiberoEnv(suite, task, cameras=("agentview", "wrist"), resolution=resolution)
     try:
         init_states = list(range(env.num_init_states)) if init_states is None else init_states
@@ -106,7 +107,6 @@ def generate_demos(suite: str, task: int | str, num: int, out: Path, init_states
                 successes.append(episode)
                 if len(successes) == num:
                     break
-        out.mkdir(parents=True, exist_ok=True)
         path = out / f"{env.task.name}_demo.hdf5"
         if successes:
             _write_task_file(path, env, successes)

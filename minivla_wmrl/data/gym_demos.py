@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from envs.fetch_expert import FetchPickAndPlaceExpert
 from envs.gym_env import GymRobotEnv
-from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.atomic import atomic_file, output_directory
 
 EXPERTS = {"FetchPickAndPlace-v4": FetchPickAndPlaceExpert}
 IMAGE_KEY = "image_rgb"
@@ -28,6 +28,7 @@ def generate_gym_demos(env_id: str, instruction: str, num: int, out: Path, init_
 
     if env_id not in EXPERTS:
         raise ValueError(f"no scripted expert for {env_id!r}; experts exist for {sorted(EXPERTS)}")
+    output_directory(out)
     env = GymRobotEnv(env_id, instruction, resolution=resolution)
     successes, tried = [], 0
     try:
@@ -47,7 +48,6 @@ def generate_gym_demos(env_id: str, instruction: str, num: int, out: Path, init_
                     break
     finally:
         env.close()
-    out.mkdir(parents=True, exist_ok=True)
     path = out / f"{env_id}_demo.hdf5"
     if successes:
         with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:

@@ -17,6 +17,7 @@ import torch
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer
 from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.checkpoint import load_weights, read_json
 from minivla_wmrl.normalization import read_statistics, write_statistics
 from minivla_wmrl.policy.config import MiniVLAConfig, preset
 from minivla_wmrl.policy.minivla import MiniVLA
@@ -69,7 +70,6 @@ def _statistics(path: Path, key: str | None):
 
 
 def load_policy(directory: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MiniVLA:
-    from safetensors.torch import load_model
     from transformers import AutoTokenizer
 
     directory = Path(directory)
@@ -80,7 +80,7 @@ def load_policy(directory: Path, device: str = "cpu", dtype: torch.dtype = torch
         raise FileNotFoundError(f"policy checkpoint {directory} lacks {', '.join(missing)}; a checkpoint holds "
                                 f"{', '.join(CHECKPOINT_FILES)} (and dataset_statistics.json)")
     config_path = directory / "config.json"
-    meta = json.loads(config_path.read_text())
+    meta = read_json(config_path, "policy checkpoint config")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{config_path} is not a {FORMAT} checkpoint (a Prismatic run directory? use import_prismatic)")
     policy = MiniVLA(MiniVLAConfig.from_dict(meta["policy"], str(config_path)),
@@ -89,7 +89,7 @@ def load_policy(directory: Path, device: str = "cpu", dtype: torch.dtype = torch
     if meta.get("lora"):
         lora = meta["lora"]
         policy.add_lora(lora["r"], lora["alpha"], lora["dropout"], lora["targets"])
-    load_model(policy, str(directory / "model.safetensors"), strict=True)
+    load_weights(policy, directory / "model.safetensors")
     return policy.to(device=device, dtype=dtype).eval()
 
 

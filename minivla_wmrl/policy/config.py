@@ -9,8 +9,14 @@ architecture overrides, a small Qwen2 config) for tests and CPU demos.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import torch
 
 from minivla_wmrl.config import config_from_dict
+
+PolicyDtype = Literal["float32", "bfloat16"]  # the policy's weights (sft/eval bfloat16: autocast on CUDA)
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,

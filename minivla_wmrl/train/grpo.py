@@ -32,15 +32,15 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Annotated, Literal
+from typing import Annotated, NamedTuple
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_model
 from tqdm import tqdm
 
-from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.checkpoint import (global_rng_state, latest_checkpoint, load_weights, restore_global_rng,
+                                     resume_checkpoint, run_lock, save_checkpoint)
 from minivla_wmrl.config import Range, check_config, load_recipe
 from minivla_wmrl.distributed import init_distributed
 from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
@@ -48,7 +48,9 @@ from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_s
 from minivla_wmrl.data.trajectories import LabelledTrajectory, rollout_trajectories
 from minivla_wmrl.init_states import select_rl_init_states, vector_training_init_states
 from minivla_wmrl.policy.checkpoint import load_policy, write_policy
-from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
+from minivla_wmrl.policy.config import DTYPES, PolicyDtype
+from minivla_wmrl.run_log import MetricsLog
+from minivla_wmrl.statistics import auroc
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
 from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_residual, group_advantages,
@@ -106,7 +108,7 @@ class GRPOPolicy:
     lora_alpha: int = 32
     freeze_vision: bool = True
     device: str = "cpu"
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: PolicyDtype = "float32"
     fsdp: bool = False  # under torchrun: shard the policy's parameters, gradients and optimiser state (FSDP2)
 
 
@@ -146,6 +148,11 @@ class DenoiseConfig:
     warmup: int = 32
     target_weight: float = 2.0
     max_weight: float = 4.0
+
+
+# settings a resume may change: how long, how often to save, where the rollouts and the policy run
+RESUMABLE_CHANGES = ("out", "resume", "grpo.steps", "grpo.save_every", "grpo.real_step_budget", "env.backend",
+                     "env.ray_address", "policy.device", "policy.fsdp")
 
 
 @dataclass
@@ -218,6 +225,34 @@ class RolloutSummary:
                    not t.truncated and t.length <= within)
 
 
+class PlannedRollout(NamedTuple):
+    spec: EpisodeSpec
+    group: int
+    anchor: bool  # chosen as an anchor before it runs (truncated execution; full execution picks afterwards)
+
+
+class GroupMember(NamedTuple):
+    summary: RolloutSummary
+    trajectory: Trajectory | None  # None: another process ran it
+    anchor: bool  # the planned anchor flag
+
+
+class Sample(NamedTuple):
+    """One policy-gradient sample: a query of a rollout (its index in the step) with the rollout's advantage."""
+
+    rollout: int
+    query: int
+    advantage: float
+
+
+class HeldSample(NamedTuple):
+    """A sample whose rollout this process holds."""
+
+    trajectory: Trajectory
+    query: int
+    advantage: float
+
+
 @dataclass
 class StepBatch:
     """The rollouts of one step (across all processes) with their groups, anchors and labels.
@@ -244,25 +279,25 @@ class StepBatch:
 class GRPOTrainer:
     """Everything one GRPO run holds: policy, optimiser, envs, world model, corrections, counters."""
 
-    def __init__(self, recipe: GRPORecipe, envs=None, progress: bool = True, resume_from: Path | None = None):
-        """`resume_from`: a checkpoint of this run to continue from (weights, optimiser, corrections, RNG)."""
+    def __init__(self, recipe: GRPORecipe, envs=None, progress: bool = True, resume: tuple[Path, dict] | None = None):
+        """`resume`: a checkpoint of this run and its training state (`resume_checkpoint`) to continue
+        from (weights, optimiser, corrections, RNG)."""
         validate(recipe)
         self.recipe, self.out = recipe, Path(recipe.out)
         g, p = recipe.grpo, recipe.policy
         self.dist = init_distributed(p.device)
         p.device = self.dist.device(p.device)
         self.progress = progress and self.dist.is_main
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[p.dtype]
-        self.policy = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype)
+        self.policy = load_policy(Path(p.checkpoint), device=p.device, dtype=DTYPES[p.dtype])
         self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision, fresh_adapters=True)
-        if resume_from is not None:
-            load_model(self.policy, str(resume_from / "model.safetensors"), strict=True)
+        if resume is not None:
+            load_weights(self.policy, resume[0] / "model.safetensors")
         self.sharded = p.fsdp and self.dist.enabled
         if self.sharded:  # each process scales its loss by the global token count: gradients are summed
             shard_policy(self.policy, sum_gradients=True)
         self.reference = None
         if g.kl_coef > 0 and not (p.lora and p.freeze_vision):  # else: the model with its adapters disabled
-            self.reference = load_policy(Path(p.checkpoint), device=p.device, dtype=dtype).requires_grad_(False)
+            self.reference = load_policy(Path(p.checkpoint), device=p.device, dtype=DTYPES[p.dtype]).requires_grad_(False)
             if self.sharded:  # its forward passes run in the update, in step on every process
                 shard_policy(self.reference)
         self.trainable = [q for q in self.policy.parameters() if q.requires_grad]
@@ -291,9 +326,9 @@ class GRPOTrainer:
         self.task_ids = list(dict.fromkeys(info.task_id for info in infos))
         self.init_pools = self._init_state_pools()
         self.engine = RolloutEngine(self.policy, self.envs, RolloutConfig(g.execute_steps, g.temperature, g.seed))
-        if resume_from is not None:
+        if resume is not None:
             try:
-                self._load_training_state(resume_from)
+                self._load_training_state(*resume)
             except BaseException:
                 self.close()
                 raise
@@ -318,7 +353,7 @@ class GRPOTrainer:
 
     # -- 1. rollouts ------------------------------------------------------------------------------------
 
-    def _specs(self, task_index: int, attempt: int, group_slots: list[int]) -> list[tuple[EpisodeSpec, int, bool]]:
+    def _specs(self, task_index: int, attempt: int, group_slots: list[int]) -> list[PlannedRollout]:
         """(spec, group, anchor) for the given group slots of one task (init states and seeds fixed by
         step/attempt). Truncated execution picks each group's anchors here, before anything runs,
         and cuts every other rollout at `wm_horizon`; full execution picks anchors afterwards."""
@@ -334,16 +369,16 @@ class GRPOTrainer:
                 continue
             for r in range(per_state):
                 seed = int(np.random.SeedSequence([g.seed, self.step, attempt, task_index, slot, r]).generate_state(1)[0])
-                specs.append((EpisodeSpec(task_id, pool[states[slot]], seed=seed), group, False))
+                specs.append(PlannedRollout(EpisodeSpec(task_id, pool[states[slot]], seed=seed), group, anchor=False))
         if g.execution == "truncated":
             anchor_rng = np.random.default_rng([g.seed, self.step, attempt, task_index, 5_000_003])
-            groups = np.array([group for _, group, _ in specs])
+            groups = np.array([planned.group for planned in specs])
             anchors = np.zeros(len(specs), bool)
             for group in np.unique(groups):  # at least one anchor per group: every group calibrates
                 members = np.flatnonzero(groups == group)
                 anchors[anchor_rng.choice(members, max(1, round(g.anchor_fraction * len(members))), replace=False)] = True
-            specs = [(replace(spec, horizon=None if anchor else g.wm_horizon), group, bool(anchor))
-                     for (spec, group, _), anchor in zip(specs, anchors)]
+            specs = [PlannedRollout(replace(p.spec, horizon=None if anchor else g.wm_horizon), p.group, bool(anchor))
+                     for p, anchor in zip(specs, anchors)]
         return specs
 
     def rollouts(self) -> StepBatch:
@@ -352,24 +387,24 @@ class GRPOTrainer:
         g, rank, world = self.recipe.grpo, self.dist.rank, self.dist.world_size
         groups_per_task = g.init_states_per_step if g.grouping == "init_state" else 1
         wanted = {t: list(range(t * groups_per_task, (t + 1) * groups_per_task)) for t in range(len(self.task_ids))}
-        kept: dict[int, list[tuple]] = {}  # group -> [(summary, trajectory or None, planned anchor)]
+        kept: dict[int, list[GroupMember]] = {}
         resampled = 0
         for attempt in range(g.max_resample + 1 if g.dynamic_sampling else 1):
             todo = [item for t, slots in wanted.items() for item in self._specs(t, attempt, slots)]
             if not todo:
                 break
             mine = list(range(rank, len(todo), world))
-            local = dict(zip(mine, self.engine.run([todo[k][0] for k in mine], progress=self.progress,
+            local = dict(zip(mine, self.engine.run([todo[k].spec for k in mine], progress=self.progress,
                                                    desc=f"step {self.step + 1} rollouts")))
             summaries = {}
             for part in self.dist.gather({k: RolloutSummary.of(t, g.wm_horizon) for k, t in local.items()}):
                 summaries.update(part)
             self._count(todo, summaries)
-            by_group: dict[int, list[tuple]] = {}
-            for k, (_, group, planned) in enumerate(todo):
-                by_group.setdefault(group, []).append((summaries[k], local.get(k), planned))
+            by_group: dict[int, list[GroupMember]] = {}
+            for k, planned in enumerate(todo):
+                by_group.setdefault(planned.group, []).append(GroupMember(summaries[k], local.get(k), planned.anchor))
             for group, members in by_group.items():
-                rate = np.mean([m[0].success for m in members if m[0].valid] or [0.0])
+                rate = np.mean([m.summary.success for m in members if m.summary.valid] or [0.0])
                 if not g.dynamic_sampling or g.success_band[0] <= rate <= g.success_band[1]:
                     kept[group] = members
             wanted = {t: [s for s in slots if s not in kept] for t, slots in wanted.items()}
@@ -377,24 +412,25 @@ class GRPOTrainer:
         skipped = sum(len(s) for s in wanted.values())
         members = [m for group in sorted(kept) for m in kept[group]]
         groups = np.array([group for group in sorted(kept) for _ in kept[group]], dtype=np.int64)
-        valid = np.array([m[0].valid for m in members], bool)
+        summaries = [m.summary for m in members]
+        valid = np.array([m.valid for m in summaries], bool)
         truncated = g.execution == "truncated"
-        anchors = np.array([m[2] for m in members], bool) & valid if truncated else self._anchors(groups, valid)
-        return StepBatch(trajectories=[m[1] for m in members], groups=groups,
-                         outcomes=np.array([float(m[0].success) for m in members]), anchors=anchors, valid=valid,
-                         num_queries=np.array([m[0].num_queries for m in members], np.int64),
-                         instructions=[m[0].instruction for m in members],
+        anchors = np.array([m.anchor for m in members], bool) & valid if truncated else self._anchors(groups, valid)
+        return StepBatch(trajectories=[m.trajectory for m in members], groups=groups,
+                         outcomes=np.array([float(m.success) for m in summaries]), anchors=anchors, valid=valid,
+                         num_queries=np.array([m.num_queries for m in summaries], np.int64),
+                         instructions=[m.instruction for m in summaries],
                          resampled_groups=resampled if g.dynamic_sampling else 0, skipped_groups=skipped,
-                         early=np.array([m[0].early for m in members], bool) & valid if truncated else None)
+                         early=np.array([m.early for m in summaries], bool) & valid if truncated else None)
 
-    def _count(self, todo: list[tuple], summaries: dict) -> None:
+    def _count(self, todo: list[PlannedRollout], summaries: dict) -> None:
         """Real-simulator episodes and steps as the envs executed them, split into rollouts free to
         run to success or the cap (all under full execution, the anchors under truncated) and
         rollouts cut at `wm_horizon`; `truncated_episodes`: those actually cut."""
-        for k, (spec, _, _) in enumerate(todo):
+        for k, planned in enumerate(todo):
             self.counters["real_episodes"] += 1
             self.counters["real_steps"] += summaries[k].length
-            self.counters["real_steps_full" if spec.horizon is None else "real_steps_horizon"] += summaries[k].length
+            self.counters["real_steps_full" if planned.spec.horizon is None else "real_steps_horizon"] += summaries[k].length
             self.counters["truncated_episodes"] += int(summaries[k].truncated)
 
     def _anchors(self, groups: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -458,6 +494,8 @@ class GRPOTrainer:
             # rollout's calibrated score estimates, P(real success | prefix score)
             pairs = a if batch.early is None else a & ~batch.early
             self.debiaser.add(scores[pairs], y[pairs])
+            # how well the world model's score ranks real outcomes, over every calibration pair so far
+            log["calibration_auroc"] = auroc(*np.array(self.debiaser.pairs).T) if self.debiaser.pairs else float("nan")
             if self.debiaser.calibrated:
                 before = centred_residual(scores[pairs], y[pairs], batch.groups[pairs])
                 after = centred_residual(self.debiaser(scores[pairs]), y[pairs], batch.groups[pairs])
@@ -487,9 +525,9 @@ class GRPOTrainer:
 
     # -- 8. policy update -----------------------------------------------------------------------------------
 
-    def _samples(self, batch: StepBatch, advantages: np.ndarray) -> list[tuple[int, int, float]]:
-        """(rollout, query, advantage) of a random subset of each rollout's queries; the same list
-        in every process (it is drawn from the gathered arrays)."""
+    def _samples(self, batch: StepBatch, advantages: np.ndarray) -> list[Sample]:
+        """A random subset of each rollout's queries; the same list in every process (it is drawn
+        from the gathered arrays)."""
         g = self.recipe.grpo
         rng = np.random.default_rng([g.seed, self.step, 2_000_003])
         samples = []
@@ -500,7 +538,7 @@ class GRPOTrainer:
                 continue  # zero-advantage samples carry no gradient (unless KL or entropy terms apply)
             picks = np.sort(rng.choice(batch.num_queries[k], min(g.queries_per_rollout, batch.num_queries[k]),
                                        replace=False))
-            samples += [(k, int(q), float(advantages[k])) for q in picks]
+            samples += [Sample(k, int(q), float(advantages[k])) for q in picks]
         return samples
 
     def _reference_log_probs(self, images, instructions, tokens) -> torch.Tensor:
@@ -511,7 +549,7 @@ class GRPOTrainer:
             with self.policy.llm.disable_adapter():
                 return self.policy.score(images, instructions, tokens, t)[0]
 
-    def update(self, batch: StepBatch, samples: list[tuple[int, int, float]]) -> dict:
+    def update(self, batch: StepBatch, samples: list[Sample]) -> dict:
         """PPO-clip over minibatches of the global sample list. Each process computes the summed
         token loss of the samples it holds, divided by the minibatch's token count; summing the
         gradients over processes gives exactly the single-process minibatch gradient. A sharded
@@ -527,7 +565,8 @@ class GRPOTrainer:
             order = rng.permutation(len(samples))
             for start in range(0, len(order), g.minibatch_size):
                 chunk = [samples[i] for i in order[start:start + g.minibatch_size]]
-                own = [(batch.trajectories[k], q, a) for k, q, a in chunk if batch.trajectories[k] is not None]
+                own = [HeldSample(batch.trajectories[s.rollout], s.query, s.advantage) for s in chunk
+                       if batch.trajectories[s.rollout] is not None]
                 scale = 1.0 / (len(chunk) * n_tokens)
                 self.optimizer.zero_grad(set_to_none=True)
                 if own:
@@ -544,23 +583,25 @@ class GRPOTrainer:
         tokens = max(total.pop("tokens"), 1.0)
         return {**{k: v / tokens for k, v in total.items()}, "grad_norm": float(np.mean(grad_norms))}
 
-    def _blank_sample(self) -> tuple[Trajectory, int, float]:
-        """A (trajectory, query, advantage) of blank images, for zero-weight backward passes."""
+    def _blank_sample(self) -> HeldSample:
+        """A sample of blank images, for zero-weight backward passes."""
         c = self.policy.config
         image = (c.image_size, c.image_size, 3) if c.num_images == 1 else (c.num_images, c.image_size, c.image_size, 3)
         tokens = np.full((1, c.num_action_tokens), self.policy.vocab_len - 1)  # VQ code 0's token
-        blank = Trajectory(EpisodeSpec("blank", 0), "", False, 0, None, None, np.zeros((1, *image), np.uint8), None,
-                           tokens, np.zeros(tokens.shape, np.float32), np.zeros(1, np.int64), np.zeros(1, np.int64))
-        return blank, 0, 0.0
+        blank = Trajectory(spec=EpisodeSpec("blank", 0), instruction="", success=False, length=0, success_step=None,
+                           failure=None, frames=np.zeros((1, *image), np.uint8), final_frame=None, token_ids=tokens,
+                           log_probs=np.zeros(tokens.shape, np.float32), query_steps=np.zeros(1, np.int64),
+                           executed=np.zeros(1, np.int64))
+        return HeldSample(blank, query=0, advantage=0.0)
 
-    def _minibatch_loss(self, own: list[tuple], scale: float) -> dict:
-        """Backpropagate `scale` × the summed per-token loss of these (trajectory, query, advantage) samples."""
+    def _minibatch_loss(self, own: list[HeldSample], scale: float) -> dict:
+        """Backpropagate `scale` × the summed per-token loss of these samples."""
         g, device = self.recipe.grpo, self.policy.device
-        images = np.stack([t.frames[q] for t, q, _ in own])
-        instructions = [t.instruction for t, _, _ in own]
-        tokens = torch.as_tensor(np.stack([t.token_ids[q] for t, q, _ in own]), device=device)
-        old = torch.as_tensor(np.stack([t.log_probs[q] for t, q, _ in own]), device=device)
-        adv = torch.as_tensor([a for _, _, a in own], dtype=torch.float32, device=device)[:, None]
+        images = np.stack([s.trajectory.frames[s.query] for s in own])
+        instructions = [s.trajectory.instruction for s in own]
+        tokens = torch.as_tensor(np.stack([s.trajectory.token_ids[s.query] for s in own]), device=device)
+        old = torch.as_tensor(np.stack([s.trajectory.log_probs[s.query] for s in own]), device=device)
+        adv = torch.as_tensor([s.advantage for s in own], dtype=torch.float32, device=device)[:, None]
         new, entropy = self.policy.score(images, instructions, tokens, g.temperature)
         ratio = torch.exp(new - old)
         clipped = torch.clamp(ratio, 1 - g.clip_eps, 1 + g.clip_eps_high)
@@ -621,27 +662,26 @@ class GRPOTrainer:
                 "optimizer": optimizer_state(self.policy, self.optimizer),
                 "debiaser": self.debiaser.state_dict(), "weighter": self.weighter.state_dict(),
                 "wm_trainer": self.wm_trainer.state_dict() if self.wm_trainer else None,
-                "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
+                **global_rng_state()}
 
     def save(self) -> Path:
         """Every process calls it (gathering sharded state is a collective); rank 0 writes."""
-        directory = self.out / "checkpoints" / f"step_{self.step:07d}"
         weights, state = policy_weights(self.policy), self.state_dict()
         if not self.dist.is_main:
-            return directory
-        with atomic_directory(directory) as tmp:
-            write_policy(self.policy, tmp, weights=weights)
-            if isinstance(self.world_model, torch.nn.Module):
-                (tmp / "world_model").mkdir()
-                self.world_model.save(tmp / "world_model")
-            torch.save(state, tmp / "training_state.pt")
-        return directory
+            return self.out / "checkpoints" / f"step_{self.step:07d}"
 
-    def _load_training_state(self, directory: Path) -> None:
+        def write_models(directory: Path) -> None:
+            write_policy(self.policy, directory, weights=weights)
+            if isinstance(self.world_model, torch.nn.Module):
+                (directory / "world_model").mkdir()
+                self.world_model.save(directory / "world_model")
+
+        return save_checkpoint(self.out, self.step, asdict(self.recipe), state, write_models)
+
+    def _load_training_state(self, directory: Path, state: dict) -> None:
         """All but the policy's weights, which `__init__` loads before sharding."""
         if isinstance(self.world_model, torch.nn.Module):
-            load_model(self.world_model, str(directory / "world_model" / "model.safetensors"), strict=True)
-        state = torch.load(directory / "training_state.pt", weights_only=False, mmap=True)  # one copy per host
+            load_weights(self.world_model, directory / "world_model" / "model.safetensors")
         self.step = state["step"]
         self.counters.update(state["counters"])
         load_optimizer_state(self.policy, self.optimizer, state["optimizer"])
@@ -649,7 +689,7 @@ class GRPOTrainer:
         self.weighter.load_state_dict(state["weighter"])
         if self.wm_trainer is not None and state["wm_trainer"] is not None:
             self.wm_trainer.load_state_dict(state["wm_trainer"])
-        torch.set_rng_state(state["torch_rng"]), np.random.set_state(state["numpy_rng"]), random.setstate(state["python_rng"])
+        restore_global_rng(state)
 
     def close(self) -> None:
         if self.owns_envs:
@@ -658,14 +698,19 @@ class GRPOTrainer:
 
 def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
     """Train; under `torchrun` every process runs a share of the rollouts and only rank 0 writes."""
+    with run_lock(Path(recipe.out)):
+        return _train_grpo(recipe, envs, progress)
+
+
+def _train_grpo(recipe: GRPORecipe, envs, progress: bool) -> dict:
     g, out = recipe.grpo, Path(recipe.out)
     random.seed(g.seed), np.random.seed(g.seed), torch.manual_seed(g.seed)
-    trainer = GRPOTrainer(recipe, envs, progress, latest_checkpoint(out) if recipe.resume else None)
+    resume = resume_checkpoint(out, asdict(recipe), RESUMABLE_CHANGES) if recipe.resume else None
+    trainer = GRPOTrainer(recipe, envs, progress, resume)
     main_process = trainer.dist.is_main
     log = None
     try:
         if main_process:
-            out.mkdir(parents=True, exist_ok=True)
             (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, default=str))
         log = MetricsLog(out, "grpo", trainer.step) if main_process else None
         history = list(log.history) if log else []

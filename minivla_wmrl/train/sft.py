@@ -4,16 +4,18 @@ Reads the demos, splits episodes into train and held out, computes the BOUNDS_Q9
 trains (or loads) the action tokenizer, then trains the policy with teacher forcing on the 7
 action tokens and the two end tokens. AdamW at a constant lr with grad clipping and gradient
 accumulation; bf16 autocast on CUDA. Metrics go to `metrics.jsonl` and TensorBoard; checkpoints
-(`checkpoints/step_N/`: the policy plus `training_state.pt`) are atomic, and a run restarted with
-the same recipe resumes from the latest one with the same data order, RNG and optimizer state.
+(`checkpoints/step_N/`: the policy, its training state and recipe; see `minivla_wmrl.checkpoint`)
+are atomic, and a run restarted with the same recipe resumes from the latest one with the same
+data order, RNG and optimizer state.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,8 @@ from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.checkpoint import (global_rng_state, latest_checkpoint, restore_global_rng, resume_checkpoint,
+                                     run_lock, save_checkpoint)
 from minivla_wmrl.config import Range, check_config, load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import DemoDataset, collate, read_episodes
@@ -32,7 +35,8 @@ from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_s
 from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.policy import MiniVLA, preset
 from minivla_wmrl.policy.checkpoint import load_policy, write_policy
-from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
+from minivla_wmrl.policy.config import DTYPES, PolicyDtype
+from minivla_wmrl.run_log import MetricsLog
 from minivla_wmrl.train.vq import VQTrainConfig, split_episodes, train_action_tokenizer
 
 
@@ -58,7 +62,7 @@ class PolicySetup:
     lora_alpha: Annotated[int, Range(1)] = 32
     freeze_vision: bool = False
     device: str = "cpu"
-    dtype: Literal["float32", "bfloat16"] = "float32"  # "bfloat16": autocast on CUDA
+    dtype: PolicyDtype = "float32"  # "bfloat16": autocast on CUDA
     fsdp: bool = False  # under torchrun: shard parameters, gradients and optimiser state (FSDP2), not a copy per process (DDP)
 
 
@@ -92,6 +96,11 @@ class SFTRecipe:
     policy: PolicySetup = field(default_factory=PolicySetup)
     vq: VQSetup = field(default_factory=VQSetup)
     sft: SFTConfig = field(default_factory=SFTConfig)
+
+
+# settings a resume may change: how long, how often to log and save, where it runs
+RESUMABLE_CHANGES = ("out", "resume", "sft.steps", "sft.log_every", "sft.eval_every", "sft.save_every",
+                     "sft.val_batches", "sft.num_workers", "policy.device", "policy.fsdp")
 
 
 class ResumableBatchSampler(Sampler):
@@ -160,9 +169,14 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     with gradients averaged over processes (DDP, or FSDP with `policy.fsdp`), and only rank 0 writes
     logs and checkpoints."""
     check_config(recipe, "sft recipe")
-    c, out = recipe.sft, Path(recipe.out)
     dist = init_distributed(recipe.policy.device)
     recipe.policy.device = dist.device(recipe.policy.device)
+    with run_lock(Path(recipe.out)) if dist.is_main else nullcontext():
+        return _train_sft(recipe, dist, progress)
+
+
+def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
+    c, out = recipe.sft, Path(recipe.out)
     progress = progress and dist.is_main
     random.seed(c.seed), np.random.seed(c.seed), torch.manual_seed(c.seed)
     episodes = read_episodes(recipe.data.paths, recipe.data.chunk_len, recipe.data.image_key, recipe.data.wrist_key,
@@ -170,13 +184,15 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     train_ids, val_ids = split_episodes(len(episodes), recipe.data.val_fraction, c.seed)
     statistics = ActionStatistics.from_actions(np.concatenate([episodes[i].actions for i in train_ids]),
                                                num_trajectories=len(train_ids))
-    resume_from = latest_checkpoint(out) if recipe.resume else None
+    recipe_record = asdict(recipe)
+    resumed = resume_checkpoint(out, recipe_record, RESUMABLE_CHANGES) if recipe.resume else None
+    resume_from, state = resumed if resumed is not None else (None, None)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2))
+        (out / "recipe.json").write_text(json.dumps(recipe_record, indent=2))
 
     device = torch.device(recipe.policy.device)
-    dtype = torch.bfloat16 if recipe.policy.dtype == "bfloat16" else torch.float32
+    dtype = DTYPES[recipe.policy.dtype]
     if resume_from is not None:
         policy = load_policy(resume_from, device=recipe.policy.device)
     elif recipe.policy.init_checkpoint:
@@ -207,10 +223,9 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=c.lr, weight_decay=c.weight_decay)
     start_step = 0
-    if resume_from is not None:
-        state = torch.load(resume_from / "training_state.pt", weights_only=False, mmap=True)  # one copy per host
+    if state is not None:
         load_optimizer_state(policy, optimizer, state["optimizer"])
-        torch.set_rng_state(state["torch_rng"]), np.random.set_state(state["numpy_rng"]), random.setstate(state["python_rng"])
+        restore_global_rng(state)
         start_step = state["step"]
 
     def dataset(ids):
@@ -236,10 +251,9 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
         weights, optimizer_full = policy_weights(policy), optimizer_state(policy, optimizer)
         if not dist.is_main:
             return
-        with atomic_directory(out / "checkpoints" / f"step_{step:07d}") as tmp:
-            write_policy(policy, tmp, recipe.data.dataset_name, weights)
-            torch.save({"optimizer": optimizer_full, "step": step, "torch_rng": torch.get_rng_state(),
-                        "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}, tmp / "training_state.pt")
+        save_checkpoint(out, step, recipe_record,
+                        {"optimizer": optimizer_full, "step": step, **global_rng_state()},
+                        lambda directory: write_policy(policy, directory, recipe.data.dataset_name, weights))
 
     model = policy if sharded else dist.wrap(policy)
     log = MetricsLog(out, "sft", start_step) if dist.is_main else None

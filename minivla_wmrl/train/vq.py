@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.atomic import output_directory
 from minivla_wmrl.config import Range, check_config
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import read_episodes
@@ -82,6 +83,7 @@ def run_vq(paths: list[str], out: Path, train_config: VQTrainConfig, chunk_len: 
            dataset_name: str = "libero") -> dict:
     """Train the action tokenizer on demo files; write `action_tokenizer/`, statistics and metrics into `out`."""
     check_config(train_config, "vq settings")  # once: --steps -3 wrote an untrained tokenizer, then IndexError
+    output_directory(Path(out), create=False)
     episodes = [e.actions for e in read_episodes(paths, chunk_len, image_key=None)]
     config = ActionTokenizerConfig(chunk_len=chunk_len, action_dim=episodes[0].shape[1])
     train_ids, val_ids = split_episodes(len(episodes), train_config.val_fraction, train_config.seed)
@@ -90,8 +92,7 @@ def run_vq(paths: list[str], out: Path, train_config: VQTrainConfig, chunk_len: 
     def chunks(ids):
         return np.concatenate([episode_chunks(stats.normalize(episodes[i]), config.chunk_len) for i in ids]) if len(ids) else None
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_directory(Path(out))
     with open(out / "vq_metrics.jsonl", "w") as metrics:
         def log(record):
             metrics.write(json.dumps(record) + "\n")

@@ -31,10 +31,12 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.checkpoint import global_rng_state, restore_global_rng, resume_checkpoint, run_lock, save_checkpoint
 from minivla_wmrl.config import Range, check_config, load_recipe
 from minivla_wmrl.data.trajectories import (LabelledTrajectory, demo_trajectories, load_trajectories,
                                             rollout_trajectories, save_trajectories)
-from minivla_wmrl.run_log import MetricsLog, latest_checkpoint
+from minivla_wmrl.run_log import MetricsLog
+from minivla_wmrl.statistics import auroc
 from minivla_wmrl.train.vq import split_episodes
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 from world_models.scorer import sample_frame_indices
@@ -95,18 +97,6 @@ class WMRecipe:
     collect: WMCollect = field(default_factory=WMCollect)
     model: ProgressModelConfig = field(default_factory=ProgressModelConfig)
     train: WMTrainConfig = field(default_factory=WMTrainConfig)
-
-
-def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Area under the ROC curve by the Mann-Whitney rank statistic (ties count half)."""
-    from scipy.stats import rankdata
-
-    labels = np.asarray(labels, bool)
-    positives, negatives = labels.sum(), (~labels).sum()
-    if not positives or not negatives:
-        return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
 def calibration_error(probabilities: np.ndarray, labels: np.ndarray, bins: int = 10) -> float:
@@ -212,6 +202,11 @@ class WorldModelTrainer:
         self.rng.bit_generator.state = state["rng"]
 
 
+def _write_world_model(model: ProgressWorldModel, directory: Path) -> None:
+    directory.mkdir()
+    model.save(directory)
+
+
 def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
     """Run a policy on RL training init states of each task and save the real-labelled trajectories."""
     from envs.factory import env_factory
@@ -234,12 +229,23 @@ def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
     return save_trajectories(out, labelled)
 
 
+# settings a resume may change: how long, how often to evaluate and save
+RESUMABLE_CHANGES = ("out", "resume", "train.steps", "train.eval_every", "train.save_every", "train.eval_prefixes",
+                     "collect.envs")
+
+
 def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
     check_config(recipe, "wm recipe")
+    with run_lock(Path(recipe.out)):
+        return _train_world_model(recipe, progress)
+
+
+def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
     c, out = recipe.train, Path(recipe.out)
     random.seed(c.seed), np.random.seed(c.seed), torch.manual_seed(c.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2))
+    recipe_record = asdict(recipe)
+    resumed = resume_checkpoint(out, recipe_record, RESUMABLE_CHANGES) if recipe.resume else None
+    (out / "recipe.json").write_text(json.dumps(recipe_record, indent=2))
     size = recipe.model.image_size
     rollout_files = list(recipe.data.rollouts)
     if recipe.collect.checkpoint:
@@ -256,15 +262,13 @@ def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
     train_set = [trajectories[i] for i in train_ids]
     val_set = [trajectories[i] for i in val_ids]
 
-    checkpoints = out / "checkpoints"
-    found = latest_checkpoint(out) if recipe.resume else None
+    found, state = resumed if resumed is not None else (None, None)
     model = ProgressWorldModel.load(found / "world_model") if found is not None else ProgressWorldModel(recipe.model)
     trainer = WorldModelTrainer(model, c)
     start = 0
-    if found is not None:
-        state = torch.load(found / "training_state.pt", weights_only=False)
+    if state is not None:
         trainer.load_state_dict(state["trainer"])
-        torch.set_rng_state(state["torch_rng"])
+        restore_global_rng(state)
         start = state["step"]
 
     last = {}
@@ -279,11 +283,9 @@ def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
                 log.write(record)
             last = record
             if step % c.save_every == 0 or step == c.steps:
-                with atomic_directory(checkpoints / f"step_{step:07d}") as tmp:
-                    (tmp / "world_model").mkdir()
-                    model.save(tmp / "world_model")
-                    torch.save({"trainer": trainer.state_dict(), "torch_rng": torch.get_rng_state(), "step": step},
-                               tmp / "training_state.pt")
+                save_checkpoint(out, step, recipe_record,
+                                {"trainer": trainer.state_dict(), "step": step, **global_rng_state()},
+                                lambda directory: _write_world_model(model, directory / "world_model"))
     with atomic_directory(out / "world_model") as tmp:
         model.save(tmp)
     return {"last": last, "world_model": str(out / "world_model"), "train": len(train_set), "held_out": len(val_set),
