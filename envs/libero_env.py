@@ -99,7 +99,8 @@ class LiberoEnv(RobotEnv):
                  render_every_step: bool = False, num_wait_steps: int = NUM_WAIT_STEPS, seed: int = 0):
         super().__init__()
         if image_convention not in IMAGE_CONVENTIONS:
-            raise ValueError(f"unknown image_convention {image_convention!r}; expected one of {list(IMAGE_CONVENTIONS)}")
+            raise ValueError(f"unknown image_convention {image_convention!r}; "
+                             f"expected one of {list(IMAGE_CONVENTIONS)}")
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown:
             raise ValueError(f"unknown camera(s) {unknown}; expected a subset of {list(CAMERAS)}")
@@ -174,7 +175,8 @@ class LiberoEnv(RobotEnv):
             state = np.asarray(init_state, dtype=np.float64)
             expected = self.init_states.shape[1]
             if state.shape != (expected,) or not np.all(np.isfinite(state)):
-                raise ValueError(f"raw init state has shape {state.shape}; expected a finite ({expected},) MuJoCo state")
+                raise ValueError(f"raw init state has shape {state.shape}; "
+                                 f"expected a finite ({expected},) MuJoCo state")
         self._render_next = self.render_every_step
         self._seeded_reset(self.seed)
         for robot in self._env.env.robots:

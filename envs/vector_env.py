@@ -100,7 +100,8 @@ class EnvPool:
     def _run(self, command: str, args_per_env: dict[int, tuple]) -> dict[int, Any]:
         raise NotImplementedError
 
-    def reset(self, init_states: Sequence[int | np.ndarray | None], render: bool = True) -> list[Observation | EnvFailure | None]:
+    def reset(self, init_states: Sequence[int | np.ndarray | None],
+              render: bool = True) -> list[Observation | EnvFailure | None]:
         """Reset every env whose init state is not None; returns its first observation or a failure."""
         self._check_len(init_states)
         results = self._run("reset", {i: (s, render) for i, s in enumerate(init_states) if s is not None})

@@ -2,6 +2,8 @@
 
 import functools
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -185,3 +187,33 @@ def test_metrics_report_auroc_on_prefixes(labelled):
     assert 0 <= metrics["prefix3_success_auroc"] <= 1
     with pytest.raises(ValueError, match="eval_prefixes must be frame counts >= 1"):
         WorldModelTrainer(model, WMTrainConfig(eval_prefixes=[0]))
+
+
+def test_envs_and_world_models_stand_alone():
+    """Neither package imports minivla_wmrl; the policy encoder is injected by minivla_wmrl, by name."""
+    code = ("import sys\n"
+            "import envs.libero_env, envs.libero_assets, envs.vector_env, world_models.registry\n"
+            "from world_models.progress_model import ProgressModelConfig, ProgressWorldModel\n"
+            "assert not [m for m in sys.modules if m.startswith('minivla_wmrl')], 'imported minivla_wmrl'\n"
+            "ProgressWorldModel(ProgressModelConfig(encoder='policy:/some/checkpoint'))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1 and "imported minivla_wmrl" not in done.stderr
+    assert "no frame encoder is registered as 'policy'" in done.stderr
+
+
+def test_the_policy_encoder_gives_frozen_checkpoint_features(tmp_path):
+    from minivla_wmrl.policy.checkpoint import save_policy
+    from tests.tiny_policy import make_policy
+
+    save_policy(make_policy(), tmp_path / "policy")
+    model = ProgressWorldModel(ProgressModelConfig(encoder=f"policy:{tmp_path / 'policy'}", dim=32, layers=1))
+    assert not any(p.requires_grad for p in model.encoder.parameters())
+    frames = np.random.default_rng(0).integers(0, 256, (2, model.config.num_frames, 40, 40, 3), dtype=np.uint8)
+    prediction = model.predict(frames, ["open the drawer", "close the drawer"])
+    assert prediction.progress.shape == (2, model.config.num_frames) and prediction.success.shape == (2,)
+    assert np.all((prediction.success > 0) & (prediction.success < 1))
+    (tmp_path / "wm").mkdir()
+    model.save(tmp_path / "wm")
+    reloaded = ProgressWorldModel.load(tmp_path / "wm")
+    np.testing.assert_allclose(reloaded.predict(frames, ["open the drawer", "close the drawer"]).success,
+                               prediction.success, rtol=1e-5)

@@ -1,8 +1,9 @@
 """A trainable progress/success world model: frame encoder + instruction + temporal transformer + two heads.
 
 Sequence: [instruction token, frame_1 … frame_n], each frame a feature vector from the frame
-encoder (a timm model of its own, or a MiniVLA checkpoint's frozen fused vision backbone),
-plus a learned position embedding. A transformer encoder mixes them; the progress head reads
+encoder (a timm model of its own, or one registered under a prefix with `register_frame_encoder`,
+such as minivla_wmrl's `policy:<checkpoint>`: a MiniVLA checkpoint's frozen fused vision
+backbone), plus a learned position embedding. A transformer encoder mixes them; the progress head reads
 every frame token (sigmoid → [0, 1]), the success head reads the last one.
 
 The instruction is a bag of hashed words (an `EmbeddingBag`): the model needs to tell tasks
@@ -13,23 +14,34 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minivla_wmrl.config import config_from_dict
 from world_models.scorer import Prediction, TrajectoryScorer
 
 FORMAT = "minivla-wmrl-world-model/1"
 
 
+# prefix → factory(argument) of a frame encoder: an nn.Module with `num_features` that takes
+# (N, 3, H, W) pixels in [0, 1] at any size and returns (N, num_features); see register_frame_encoder
+FRAME_ENCODERS: dict[str, Callable[[str], nn.Module]] = {}
+
+
+def register_frame_encoder(prefix: str, factory: Callable[[str], nn.Module]) -> None:
+    """Make `encoder: "<prefix>:<argument>"` build `factory(argument)`: how a caller injects its own
+    features (minivla_wmrl registers `policy`) without this package importing the caller."""
+    FRAME_ENCODERS[prefix] = factory
+
+
 @dataclass
 class ProgressModelConfig:
-    encoder: str = "resnet10t"  # a timm model name, or "policy:<checkpoint dir>" (its frozen vision features)
+    encoder: str = "resnet10t"  # a timm model name, or "<registered prefix>:<argument>", e.g. "policy:<checkpoint dir>"
     image_size: int = 96  # frames are resized to this before the timm encoder (the policy encoder uses its own)
     num_frames: int = 8  # frames sampled uniformly per trajectory
     dim: int = 128  # transformer width
@@ -40,36 +52,35 @@ class ProgressModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "world model config") -> ProgressModelConfig:
-        return config_from_dict(cls, data, where)
+        """Unknown keys and values of the wrong type are named, with what was expected."""
+        declared = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(declared))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; expected a subset of {sorted(declared)}")
+        for key, value in data.items():
+            expected = type(declared[key].default) if declared[key].default is not MISSING else object
+            if not isinstance(value, expected) or isinstance(value, bool) != (expected is bool):
+                if not (expected is float and isinstance(value, int) and not isinstance(value, bool)):
+                    raise ValueError(f"{where}.{key}: expected {expected.__name__}, got {value!r}")
+        return cls(**data)
 
 
 def hash_words(instruction: str, buckets: int) -> list[int]:
     return [zlib.crc32(w.encode()) % buckets for w in instruction.lower().split()] or [0]
 
 
-class _PolicyVisionEncoder(nn.Module):
-    """A MiniVLA checkpoint's fused DINOv2/SigLIP features, mean-pooled over patches, frozen."""
-
-    def __init__(self, checkpoint: str):
-        super().__init__()
-        from minivla_wmrl.policy.checkpoint import load_policy
-
-        policy = load_policy(Path(checkpoint))
-        self.vision, self.image_size = policy.vision.eval().requires_grad_(False), policy.config.image_size
-        self.num_features = policy.vision.embed_dim
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            pixels = F.interpolate(pixels, size=(self.image_size, self.image_size), mode="bilinear", antialias=True)
-            return self.vision(pixels).mean(1)
-
-
 class ProgressWorldModel(nn.Module, TrajectoryScorer):
     def __init__(self, config: ProgressModelConfig):
         super().__init__()
         self.config, self.num_frames = config, config.num_frames
-        if config.encoder.startswith("policy:"):
-            self.encoder = _PolicyVisionEncoder(config.encoder[len("policy:"):])
+        prefix, _, argument = config.encoder.partition(":")
+        self.own_encoder = not argument  # a timm model trained with the rest; registered encoders preprocess themselves
+        if argument:
+            if prefix not in FRAME_ENCODERS:
+                raise ValueError(f"world model encoder {config.encoder!r}: no frame encoder is registered as "
+                                 f"{prefix!r} (registered: {sorted(FRAME_ENCODERS)}); for 'policy', import "
+                                 "minivla_wmrl.policy.checkpoint first")
+            self.encoder = FRAME_ENCODERS[prefix](argument)
         else:
             import timm
 
@@ -94,7 +105,7 @@ class ProgressWorldModel(nn.Module, TrajectoryScorer):
         if n != self.config.num_frames:
             raise ValueError(f"got {n} frames per trajectory; the world model takes {self.config.num_frames}")
         pixels = frames.to(self.device).flatten(0, 1).permute(0, 3, 1, 2).float() / 255.0
-        if not isinstance(self.encoder, _PolicyVisionEncoder):
+        if self.own_encoder:
             size = self.config.image_size
             pixels = F.interpolate(pixels, size=(size, size), mode="bilinear", antialias=True)
             pixels = (pixels - 0.5) / 0.5

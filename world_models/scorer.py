@@ -19,7 +19,8 @@ from typing import Sequence
 import numpy as np
 
 REDUCTIONS = ("potential", "final", "max", "success")
-SCORE_RANGES = {"potential": (-1.0, 1.0), "final": (0.0, 1.0), "max": (0.0, 1.0), "success": (0.0, 1.0)}  # per reduction
+# the range of each reduction's scores
+SCORE_RANGES = {"potential": (-1.0, 1.0), "final": (0.0, 1.0), "max": (0.0, 1.0), "success": (0.0, 1.0)}
 
 
 @dataclass

@@ -2,5 +2,6 @@
 
 from minivla_wmrl.policy.config import PRESETS, MiniVLAConfig, preset
 from minivla_wmrl.policy.minivla import ActionQuery, MiniVLA
+from minivla_wmrl.policy import frame_encoder  # noqa: F401 - registers the world models' "policy:" encoder
 
 __all__ = ["MiniVLA", "MiniVLAConfig", "ActionQuery", "PRESETS", "preset"]
