@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
-.PHONY: setup test demo clean
+.PHONY: setup lint test test-fast demo clean
 
 setup: $(STAMP)
 	$(VENV)/bin/minivla-wmrl assets
@@ -22,11 +22,17 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q --no-deps libero==0.1.1
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-test: setup
+lint: $(STAMP)
+	$(VENV)/bin/ruff check minivla_wmrl world_models envs tests
+
+test: setup lint
 	$(VENV)/bin/pytest -q tests
+
+test-fast: setup
+	$(VENV)/bin/pytest -q -m "not simulator" tests
 
 demo: setup
 	$(VENV)/bin/minivla-wmrl run recipes/demo.yaml

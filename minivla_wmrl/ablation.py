@@ -247,7 +247,8 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
             "real_steps": mean_interval([c["real_steps"] for c in cells]),
             "real_episodes": mean_interval([c["real_episodes"] for c in cells]),
             "real_steps_per_grpo_step": float(np.mean([c["real_steps"] / c["grpo_steps"] for c in cells])),
-            "real_steps_horizon_share": float(np.mean([c.get("real_steps_horizon", 0) / c["real_steps"] for c in cells])),
+            "real_steps_horizon_share": float(np.mean([c.get("real_steps_horizon", 0) / c["real_steps"]
+                                                       for c in cells])),
             "calibration_auroc": mean_interval(aurocs) if aurocs else None,
             "wall_s": mean_interval([c["wall_s"] for c in cells]),
             "curve": _curve(cells),
@@ -302,7 +303,8 @@ def ablation_table(report: dict) -> str:
     lines = [f"# Ablation: held-out success ({s['suite']} tasks {s['tasks']}, init states {s['first_trial']}.."
              f"{s['first_trial'] + s['trials'] - 1}, {s['samples_per_state']} sample(s) each, {s['sampling']}, "
              f"cap {s['max_steps']})", "",
-             f"SFT: {sft['successes']}/{sft['trials']} = {100 * sft['success_rate']:.1f}% {_pct(sft['ci95'])} (Wilson). "
+             f"SFT: {sft['successes']}/{sft['trials']} = {100 * sft['success_rate']:.1f}% "
+             f"{_pct(sft['ci95'])} (Wilson). "
              f"Seeds: {report['seeding']}.", "",
              "| arm | held-out success, mean over seeds [95% t] | per seed | vs SFT, paired [95% CI] | "
              f"vs {report['first_arm']}, paired [95% CI] | same as SFT | training success first → last 3 | "
@@ -316,18 +318,21 @@ def ablation_table(report: dict) -> str:
         lines.append(
             f"| {arm['arm']} | {100 * arm['held_out']['mean']:.1f}% {_pct(arm['held_out']['ci95'])} | "
             + ", ".join(f"{100 * x:.0f}%" for x in arm["held_out_per_seed"])
-            + f" | {100 * d['difference']:+.1f} {_pct(d['ci95'])}, +{d['gained']}/−{d['lost']}, p={d['p_mcnemar']:.3g} | "
+            + f" | {100 * d['difference']:+.1f} {_pct(d['ci95'])}, +{d['gained']}/−{d['lost']}, "
+            f"p={d['p_mcnemar']:.3g} | "
             f"{vs_first} | {arm['identical_to_sft']}/{arm['episodes']} | "
             f"{100 * arm['train_success_first']['mean']:.0f}% → {100 * arm['train_success_last3']['mean']:.0f}% | "
             f"{arm['real_episodes']['mean']:.0f} | {arm['real_steps']['mean']:.0f} | {arm['wall_s']['mean']:.0f} |")
     lines += ["", "Paired differences pool the seeds: each seed's checkpoint against the SFT checkpoint (or the first "
               "arm's checkpoint of the same seed index) on the same init state and sampling seed; the interval is a "
               "bootstrap over init states, p the exact McNemar test of the discordant episodes.", "",
-              f"Real-simulator cost, measured: steps the envs executed. Ratio: real steps {report['first_arm']} needs to "
+              f"Real-simulator cost, measured: steps the envs executed. Ratio: real steps {report['first_arm']} "
+              "needs to "
               f"reach its final held-out success over the steps the arm needs to reach it (mean curves, linear between "
               "evaluated checkpoints; > 1: cheaper).", "",
               f"| arm | real steps per GRPO step (× fewer than {report['first_arm']}) | share cut at the horizon | "
-              f"world-model AUROC on calibration pairs | real steps to reach {report['first_arm']}'s final success | ratio |",
+              "world-model AUROC on calibration pairs | "
+              f"real steps to reach {report['first_arm']}'s final success | ratio |",
               "|---|---|---|---|---|---|"]
     per_step_first = report["arms"][0]["real_steps_per_grpo_step"]
     starred = False
@@ -339,13 +344,15 @@ def ablation_table(report: dict) -> str:
         auroc_text = "-" if auroc is None else f"{auroc['mean']:.2f}" + (
             "" if auroc["ci95"] is None else f" [{auroc['ci95'][0]:.2f}, {auroc['ci95'][1]:.2f}]")
         lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} "
-                     f"({per_step_first / arm['real_steps_per_grpo_step']:.2f}×) | {100 * arm['real_steps_horizon_share']:.0f}% | "
+                     f"({per_step_first / arm['real_steps_per_grpo_step']:.2f}×) | "
+                     f"{100 * arm['real_steps_horizon_share']:.0f}% | "
                      f"{auroc_text} | "
                      f"{'not reached' if needs is None else f'{needs:.0f}'}{' *' if single else ''} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'}{' *' if single else ''} |")
     if starred:
         lines += ["", "\\* interpolated on a straight line from SFT to the only evaluated (final) checkpoint: not a "
-                  "measurement of when the success was reached; set `ablation.eval_every` for intermediate checkpoints."]
+                  "measurement of when the success was reached; set `ablation.eval_every` for intermediate "
+                  "checkpoints."]
     return "\n".join(lines) + "\n"
 
 

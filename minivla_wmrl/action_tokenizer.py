@@ -58,7 +58,8 @@ class _MLP(nn.Module):
 
     def __init__(self, in_dim: int, hidden_dim: int, out_dim: int):
         super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, hidden_dim), nn.ReLU())
+        self.encoder = nn.Sequential(nn.Linear(in_dim, hidden_dim), nn.ReLU(),
+                                     nn.Linear(hidden_dim, hidden_dim), nn.ReLU())
         self.fc = nn.Linear(hidden_dim, out_dim)
         for layer in (self.encoder[0], self.encoder[2], self.fc):
             nn.init.orthogonal_(layer.weight)
@@ -154,7 +155,8 @@ class ActionTokenizer(nn.Module):
 
         with atomic_directory(directory) as tmp:
             (tmp / "config.json").write_text(json.dumps(asdict(self.config), indent=2))
-            save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, tmp / "model.safetensors")
+            save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
+                      tmp / "model.safetensors")
 
     @classmethod
     def load(cls, directory: Path, map_location: str = "cpu") -> ActionTokenizer:
@@ -190,8 +192,9 @@ class ActionTokenizer(nn.Module):
     def _load_checked(self, state: dict[str, torch.Tensor], where: Path) -> None:
         expected = self.state_dict()
         buffers = {name for name, _ in self.named_buffers()}
+        # VQ-BeT's vendored VQ: initted (1,)
         state = {k: v.reshape(expected[k].shape) if k in buffers and k in expected and v.shape != expected[k].shape
-                 and v.numel() == expected[k].numel() else v for k, v in state.items()}  # VQ-BeT's vendored VQ: initted (1,)
+                 and v.numel() == expected[k].numel() else v for k, v in state.items()}
         missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
         wrong = [f"{k}: {tuple(state[k].shape)} vs config {tuple(v.shape)}" for k, v in expected.items()
                  if k in state and state[k].shape != v.shape]

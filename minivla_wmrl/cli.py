@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="validate the recipe and build every component on the meta device; list user inputs")
     run.set_defaults(run=_main_of("minivla_wmrl.pipeline"))
 
-    ablate = commands.add_parser("ablate", help="GRPO arms x seeds from one SFT checkpoint, evaluated on held-out states")
+    ablate = commands.add_parser("ablate",
+                                 help="GRPO arms x seeds from one SFT checkpoint, evaluated on held-out states")
     ablate.add_argument("recipe", help="pipeline recipe with an ablation: section, e.g. recipes/rl_cpu.yaml")
     ablate.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. ablation.seeds=[0,1]")
     ablate.add_argument("--parallel", type=int, default=1, help="(arm, seed) cells run at once (each its own envs)")

@@ -38,8 +38,8 @@ def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
     differ = [k for k in keys if setting(a, k) != setting(b, k)]
     if differ:
         details = "; ".join(f"{k}: {setting(a, k)!r} vs {setting(b, k)!r}" for k in differ)
-        raise ValueError(f"{name_a} and {name_b} were evaluated with different settings that change results ({details}); "
-                         "evaluate both with the same settings")
+        raise ValueError(f"{name_a} and {name_b} were evaluated with different settings that change results "
+                         f"({details}); evaluate both with the same settings")
 
 
 def _by_state(results: dict) -> dict:
@@ -65,8 +65,10 @@ def comparison_table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         low, high = r["ci95"]
-        lines.append(f"| {r['a']} | {r['b']} | {r['episodes']} | {100 * r['success_a']:.1f}% | {100 * r['success_b']:.1f}% "
-                     f"| {100 * r['difference']:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] | {r['gained']} / {r['lost']} "
+        lines.append(f"| {r['a']} | {r['b']} | {r['episodes']} | {100 * r['success_a']:.1f}% "
+                     f"| {100 * r['success_b']:.1f}% "
+                     f"| {100 * r['difference']:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] "
+                     f"| {r['gained']} / {r['lost']} "
                      f"| {r['p_mcnemar']:.3g} |")
     return "\n".join(lines) + "\n"
 

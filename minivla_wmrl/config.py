@@ -67,7 +67,8 @@ def _check_choice(value, hint, where: str) -> None:
     union = typing.get_origin(hint) in (typing.Union, types.UnionType)
     options = list(typing.get_args(hint)) if union else [hint]
     literals = [o for o in options if typing.get_origin(o) is typing.Literal]
-    if literals and not any(value in typing.get_args(o) for o in literals) and not (value is None and type(None) in options):
+    if (literals and not any(value in typing.get_args(o) for o in literals)
+            and not (value is None and type(None) in options)):
         choices = [c for o in literals for c in typing.get_args(o)]
         raise ValueError(f"{where}: {value!r} is not one of {choices}")
 

@@ -90,16 +90,20 @@ def settings(config: EvalConfig, tasks: list[int]) -> dict:
     max_steps = config.max_steps or protocol_cap or "env default"
     convention = IMAGE_CONVENTIONS[config.image_convention]
     return {
-        "checkpoint": str(Path(config.checkpoint).resolve()), "checkpoint_sha256": checkpoint_hash(Path(config.checkpoint)),
+        "checkpoint": str(Path(config.checkpoint).resolve()),
+        "checkpoint_sha256": checkpoint_hash(Path(config.checkpoint)),
         "suite": config.suite, "tasks": tasks, "trials": config.trials, "first_trial": config.first_trial,
         "seed": config.seed,
         "sampling": "greedy" if config.temperature == 0 else f"temperature {config.temperature}",
         "samples_per_state": config.samples_per_state,
         "execute_steps": config.execute_steps, "max_steps": max_steps,
         "protocol_max_steps": max_steps == protocol_cap, "num_wait_steps": 10 if protocol_cap else 0,
-        "image_convention": convention.name, "resolution": convention.resolution, "image_transform": convention.transform,
-        "renderer": {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "PYOPENGL_PLATFORM": os.environ.get("PYOPENGL_PLATFORM")},
-        "gym": config.gym, "device": config.device, "dtype": config.dtype, "torch": torch.__version__, "python": platform.python_version(),
+        "image_convention": convention.name, "resolution": convention.resolution,
+        "image_transform": convention.transform,
+        "renderer": {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"),
+                     "PYOPENGL_PLATFORM": os.environ.get("PYOPENGL_PLATFORM")},
+        "gym": config.gym, "device": config.device, "dtype": config.dtype, "torch": torch.__version__,
+        "python": platform.python_version(),
     }
 
 
@@ -185,7 +189,8 @@ def markdown_table(info: dict) -> str:
     header = "| task | instruction | success (95% Wilson) |" + (f" best@{k} | all@{k} |" if sampled else "")
     lines = [f"# {s['suite']}: {format_rate(info['overall'])}", "",
              f"{s['sampling']}, {k} sample(s) per init state, execute_steps {s['execute_steps']}, "
-             f"max_steps {s['max_steps']}, {s['image_convention']} {s['resolution']} px, seed {s['seed']}, {s['device']}",
+             f"max_steps {s['max_steps']}, {s['image_convention']} {s['resolution']} px, seed {s['seed']}, "
+             f"{s['device']}",
              "", header, "|---|---|---|" + ("---|---|" if sampled else "")]
     for t in [*info["per_task"], {"task": "all", "instruction": "", **info["overall"]}]:
         extra = f" {format_rate(t['best_at_k'])} | {format_rate(t['all_at_k'])} |" if sampled else ""
@@ -200,7 +205,8 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         raise ValueError(f"samples_per_state {config.samples_per_state}: expected 1, or K > 1 with a temperature > 0 "
                          "(greedy samples would all be the same episode)")
     if config.image_convention not in IMAGE_CONVENTIONS:
-        raise ValueError(f"unknown image_convention {config.image_convention!r}; expected one of {list(IMAGE_CONVENTIONS)}")
+        raise ValueError(f"unknown image_convention {config.image_convention!r}; "
+                         f"expected one of {list(IMAGE_CONVENTIONS)}")
     check_config(config, "eval settings")  # before anything is written: a refused evaluation leaves no trace
     output_directory(Path(config.out), create=False)
     if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
@@ -213,7 +219,8 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         bench = get_suite(config.suite)
         tasks = [resolve_task(bench, t) for t in config.tasks] if config.tasks else list(range(bench.n_tasks))
         if len(set(tasks)) != len(tasks):
-            raise ValueError(f"tasks {config.tasks} name the same task more than once ({tasks}); each task is evaluated once")
+            raise ValueError(f"tasks {config.tasks} name the same task more than once ({tasks}); "
+                             "each task is evaluated once")
         names = {t: (bench.get_task(t).name, bench.get_task(t).language) for t in tasks}
         trial_ids = {task: evaluation_init_states(config.trials, len(bench.get_task_init_states(task)),
                                                   config.first_trial) for task in tasks}
@@ -226,7 +233,8 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     settings_path = out / "eval_settings.json"
     if settings_path.exists():
         previous = json.loads(settings_path.read_text())
-        changed = sorted(k for k in run_settings if setting(previous, k) != run_settings[k] and k not in ("torch", "python"))
+        changed = sorted(k for k in run_settings
+                         if setting(previous, k) != run_settings[k] and k not in ("torch", "python"))
         if changed:
             raise ValueError(f"{out} holds an evaluation with other settings ({', '.join(changed)}); "
                              "resume with the same settings or choose another --out")
@@ -235,7 +243,8 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
 
     episodes_path = out / "episodes.jsonl"
     records = read_episodes(episodes_path)
-    rollout = RolloutConfig(config.execute_steps, config.temperature, config.seed, record_frames=config.videos != "none")
+    rollout = RolloutConfig(config.execute_steps, config.temperature, config.seed,
+                            record_frames=config.videos != "none")
     cameras = ("agentview", "wrist")[:policy.config.num_images] if config.suite != GYM else None
     with open(episodes_path, "a") as log:
         for task in tasks:
@@ -256,7 +265,8 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                 if trajectory.num_queries and _wants_video(config, trajectory.success, videos_so_far):
                     name = f"task{str(task).zfill(3)}_trial{trial:02d}" + (f"_sample{sample}" if sample else "")
                     record["video"] = str(Path("videos") / f"{name}.mp4")
-                    _episode_video(out / record["video"], trajectory, f"task {task} trial {trial}", config.execute_steps)
+                    _episode_video(out / record["video"], trajectory, f"task {task} trial {trial}",
+                                   config.execute_steps)
                     videos_so_far += 1
                 log.write(json.dumps(record) + "\n")
                 log.flush()
@@ -286,7 +296,8 @@ def _episode_video(path: Path, trajectory: Trajectory, title: str, execute_steps
 
 def main(args) -> None:
     config = EvalConfig(checkpoint=args.checkpoint, suite=args.suite, out=args.out, tasks=args.tasks or [],
-                        trials=args.trials, first_trial=args.first_trial, envs=args.envs, execute_steps=args.execute_steps,
+                        trials=args.trials, first_trial=args.first_trial, envs=args.envs,
+                        execute_steps=args.execute_steps,
                         temperature=args.temperature, samples_per_state=args.samples_per_state, seed=args.seed,
                         max_steps=args.max_steps,
                         image_convention=args.image_convention, videos=args.videos,

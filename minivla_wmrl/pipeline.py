@@ -25,9 +25,12 @@ from minivla_wmrl.train.wm import WMRecipe
 
 STAGES = ("demos", "vq", "sft", "wm", "grpo", "eval")
 WHERE = {
-    "data": "LIBERO demonstrations (hdf5): LIBERO's download script or huggingface.co/datasets/yifengzhu-hf/LIBERO-datasets",
-    "minivla_run_dir": "the Prismatic MiniVLA run directory, e.g. huggingface.co/Stanford-ILIAD/minivla-vq-libero90-prismatic",
-    "vq_dir": "the released MiniVLA VQ folder (config.json + checkpoints/model.pt): huggingface.co/Stanford-ILIAD/pretrain_vq",
+    "data": "LIBERO demonstrations (hdf5): LIBERO's download script or "
+            "huggingface.co/datasets/yifengzhu-hf/LIBERO-datasets",
+    "minivla_run_dir": "the Prismatic MiniVLA run directory, e.g. "
+                       "huggingface.co/Stanford-ILIAD/minivla-vq-libero90-prismatic",
+    "vq_dir": "the released MiniVLA VQ folder (config.json + checkpoints/model.pt): "
+              "huggingface.co/Stanford-ILIAD/pretrain_vq",
     "qwen_dir": "a local Qwen2.5-0.5B tokenizer directory: huggingface.co/Qwen/Qwen2.5-0.5B",
 }
 
@@ -237,8 +240,8 @@ class Pipeline:
 
         w = self.r.weights
         if w.minivla_run_dir and not (self.out / "pretrained").exists():
-            save_policy(import_prismatic(Path(w.minivla_run_dir), Path(w.vq_dir), Path(w.qwen_dir), self.r.sft.policy.preset,
-                                         w.unnorm_key), self.out / "pretrained")
+            save_policy(import_prismatic(Path(w.minivla_run_dir), Path(w.vq_dir), Path(w.qwen_dir),
+                                         self.r.sft.policy.preset, w.unnorm_key), self.out / "pretrained")
         result = train_sft(self.r.sft)
         with atomic_directory(self.out / "sft" / "final") as tmp:  # the checkpoint later stages start from
             shutil.copytree(result["checkpoint"], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*RUN_FILES))
@@ -275,7 +278,8 @@ class Pipeline:
         plot_training_curves(self.out, self.out / "plots" / "training_curves.png")
         table = success_table(infos)
         if len(directories) > 1:  # each later checkpoint against the first, episode by episode
-            table += "\nPaired comparison (same init states and sampling seeds):\n\n" + comparison_table(compare(directories))
+            table += ("\nPaired comparison (same init states and sampling seeds):\n\n"
+                      + comparison_table(compare(directories)))
         (self.out / "eval" / "success_table.md").write_text(table)
         print(table)
         return infos
@@ -315,7 +319,8 @@ def dry_run(recipe: PipelineRecipe) -> dict:
         register_known_packages()
         unknown = [t for t in recipe.tasks if t not in gymnasium.registry]
         if unknown or "instruction" not in recipe.gym:
-            raise ValueError(f"gym recipe: unknown env id(s) {unknown}" if unknown else "gym recipe needs gym.instruction")
+            raise ValueError(f"gym recipe: unknown env id(s) {unknown}" if unknown
+                             else "gym recipe needs gym.instruction")
         tasks = list(recipe.tasks)
     else:
         bench = get_suite(recipe.suite)
@@ -332,7 +337,8 @@ def dry_run(recipe: PipelineRecipe) -> dict:
     return {"suite": recipe.suite, "tasks": tasks, "policy_parameters": counts["total"],
             "action_tokenizer_parameters": sum(p.numel() for p in tokenizer.parameters()),
             "world_model_parameters": sum(p.numel() for p in world_model.parameters()),
-            "inputs": [{"name": n, "path": p, "exists": e, "where": WHERE[n]} for n, p, e in pipeline.required_inputs()]}
+            "inputs": [{"name": n, "path": p, "exists": e, "where": WHERE[n]}
+                       for n, p, e in pipeline.required_inputs()]}
 
 
 def main(args) -> None:
@@ -340,7 +346,8 @@ def main(args) -> None:
     if args.dry_run:
         report = dry_run(recipe)
         print(f"{args.recipe}: valid. {report['suite']}, {len(report['tasks'])} task(s); policy "
-              f"{report['policy_parameters'] / 1e6:.1f} M, action tokenizer {report['action_tokenizer_parameters'] / 1e6:.2f} M, "
+              f"{report['policy_parameters'] / 1e6:.1f} M, "
+              f"action tokenizer {report['action_tokenizer_parameters'] / 1e6:.2f} M, "
               f"world model {report['world_model_parameters'] / 1e6:.2f} M parameters (built on meta)")
         for item in report["inputs"]:
             state = "ok" if item["exists"] else "MISSING"

@@ -54,7 +54,8 @@ def plot_calibration(debiaser, path: Path, bins: int = 10) -> Path:
         if len(scores):
             edges = np.linspace(min(scores.min(), 0), max(scores.max(), 1), bins + 1)
             index = np.clip(np.digitize(scores, edges) - 1, 0, bins - 1)
-            means = [(scores[index == b].mean(), pairs[index == b, 1].mean()) for b in range(bins) if (index == b).any()]
+            means = [(scores[index == b].mean(), pairs[index == b, 1].mean())
+                     for b in range(bins) if (index == b).any()]
             ax.plot(*zip(*means), marker="o", label="real success rate")
             ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
             ax.legend(fontsize=7)

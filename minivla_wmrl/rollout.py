@@ -145,7 +145,8 @@ class RolloutEngine:
         action_dim = policy.action_tokenizer.config.action_dim
         wrong = [info.task_id for info in infos if info.action_dim != action_dim]
         if wrong:
-            raise ValueError(f"the policy makes {action_dim}-dim actions; env(s) {wrong} take {infos[0].action_dim}-dim ones")
+            raise ValueError(f"the policy makes {action_dim}-dim actions; "
+                             f"env(s) {wrong} take {infos[0].action_dim}-dim ones")
         chunk_len = policy.action_tokenizer.config.chunk_len
         if config.execute_steps > chunk_len:
             raise ValueError(f"execute_steps {config.execute_steps} exceeds the policy's chunk length {chunk_len}")
@@ -202,7 +203,8 @@ class RolloutEngine:
             uniforms = np.stack([running[i].rng.random(self.num_tokens) for i in live]) if c.temperature > 0 else None
             query = self.policy.generate(images, [running[i].instruction for i in live], temperature=c.temperature,
                                          uniforms=uniforms)
-            token_ids, log_probs = query.token_ids.cpu().numpy(), query.log_probs.float().cpu().numpy()  # one copy per query
+            # one copy per query
+            token_ids, log_probs = query.token_ids.cpu().numpy(), query.log_probs.float().cpu().numpy()
             actions: list = [None] * self.envs.num_envs
             for j, i in enumerate(live):
                 actions[i] = query.actions[j, :c.execute_steps]

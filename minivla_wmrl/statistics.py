@@ -69,7 +69,8 @@ def paired_difference(a: dict, b: dict, confidence: float = CONFIDENCE) -> dict:
     lost = sum(1 for k in keys if a[k] and not b[k])
     low, high = bootstrap_mean_interval(per_unit, confidence)
     return {"episodes": len(keys), "units": len(units),
-            "success_a": sum(int(a[k]) for k in keys) / len(keys), "success_b": sum(int(b[k]) for k in keys) / len(keys),
+            "success_a": sum(int(a[k]) for k in keys) / len(keys),
+            "success_b": sum(int(b[k]) for k in keys) / len(keys),
             "difference": float(per_unit.mean()),
             "ci95": [low, high], "gained": gained, "lost": lost, "p_mcnemar": mcnemar_exact(gained, lost)}
 

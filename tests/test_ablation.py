@@ -26,18 +26,22 @@ def recipe_path(tmp_path_factory):
     save_policy(policy, out / "sft" / "final")
     (out / "vq" / "action_tokenizer").mkdir(parents=True)
     (out / "wm" / "world_model").mkdir(parents=True)
-    ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1, dropout=0.0)).save(out / "wm" / "world_model")
+    ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1, dropout=0.0)).save(
+        out / "wm" / "world_model")
     recipe = {
         "out": str(out), "suite": "gym", "tasks": [ENV_ID], "data": [str(root)],
-        "gym": {"instruction": INSTRUCTION, "resolution": IMAGE, "make_kwargs": {"goal": goal, "speed": 1 / EPISODE_STEPS}},
+        "gym": {"instruction": INSTRUCTION, "resolution": IMAGE,
+                "make_kwargs": {"goal": goal, "speed": 1 / EPISODE_STEPS}},
         "grpo": {"policy": {"lora": False}, "env": {"envs_per_task": 4, "backend": "inline", "train_init_states": 8},
-                 "grpo": {"steps": 2, "rollouts_per_task": 8, "init_states_per_step": 2, "max_real_steps": EPISODE_STEPS,
-                          "reward_mode": "sparse", "lr": 6e-3, "queries_per_rollout": 2, "minibatch_size": 8,
+                 "grpo": {"steps": 2, "rollouts_per_task": 8, "init_states_per_step": 2,
+                          "max_real_steps": EPISODE_STEPS, "reward_mode": "sparse", "lr": 6e-3,
+                          "queries_per_rollout": 2, "minibatch_size": 8,
                           "wm_cotrain": False, "save_every": 1}},
-        "eval": {"trials": 4, "samples_per_state": 2, "temperature": 1.0, "execute_steps": 8, "max_steps": EPISODE_STEPS,
-                 "envs": 4, "backend": "inline", "videos": "none"},
+        "eval": {"trials": 4, "samples_per_state": 2, "temperature": 1.0, "execute_steps": 8,
+                 "max_steps": EPISODE_STEPS, "envs": 4, "backend": "inline", "videos": "none"},
         "ablation": {"seeds": [0, 1], "eval_every": 1,
-                     "arms": [{"name": "sparse", "overrides": []}, {"name": "lr0", "overrides": ["grpo.lr=0"], "seeds": [0]}]},
+                     "arms": [{"name": "sparse", "overrides": []},
+                              {"name": "lr0", "overrides": ["grpo.lr=0"], "seeds": [0]}]},
     }
     path = root / "ablation.yaml"
     path.write_text(yaml.safe_dump(recipe))

@@ -41,6 +41,7 @@ def trained(expert_demo_file):
     return tokenizer, history, val_chunks
 
 
+@pytest.mark.simulator
 def test_reconstruction_error_falls_on_real_chunks(trained):
     tokenizer, history, val_chunks = trained
     assert history[-1]["val_l1"] < 0.5 * history[0]["val_l1"]
@@ -64,6 +65,7 @@ def test_batched_shapes_and_other_action_sizes():
     assert tokenizer.decode(codes).shape == (5, 4, 4)
 
 
+@pytest.mark.simulator
 def test_encoding_never_moves_the_codebooks(trained):
     tokenizer, _, val_chunks = trained
     before = tokenizer.vq.codebooks.clone()
@@ -73,6 +75,7 @@ def test_encoding_never_moves_the_codebooks(trained):
     assert torch.equal(before, tokenizer.vq.codebooks)
 
 
+@pytest.mark.simulator
 def test_save_and_load_reproduce_codes_and_chunks(trained, tmp_path):
     tokenizer, _, val_chunks = trained
     tokenizer.save(tmp_path / "vq")
@@ -96,6 +99,7 @@ def _write_released(tokenizer: ActionTokenizer, directory):
                 "optimizer": {}}, directory / "checkpoints" / "model.pt")
 
 
+@pytest.mark.simulator
 def test_released_vq_folder_loads_with_identical_outputs(trained, tmp_path):
     tokenizer, _, val_chunks = trained
     _write_released(tokenizer, tmp_path / "released")
@@ -106,12 +110,14 @@ def test_released_vq_folder_loads_with_identical_outputs(trained, tmp_path):
     assert torch.equal(loaded.encode(val_chunks), tokenizer.encode(val_chunks))
 
 
+@pytest.mark.simulator
 def test_mismatched_config_and_bad_chunks_are_named(trained, tmp_path):
     tokenizer, _, _ = trained
     _write_released(tokenizer, tmp_path / "released")
     config = json.loads((tmp_path / "released" / "config.json").read_text())
     (tmp_path / "released" / "config.json").write_text(json.dumps(config | {"vqvae_n_embed": 64}))
-    with pytest.raises(ValueError, match=r"do not match its config: .*layers.0._codebook.embed: \(1, 128, 512\) vs config \(1, 64, 512\)"):
+    with pytest.raises(ValueError, match=r"do not match its config: "
+                                         r".*layers.0._codebook.embed: \(1, 128, 512\) vs config \(1, 64, 512\)"):
         ActionTokenizer.load(tmp_path / "released")
     with pytest.raises(ValueError, match=r"action chunks have shape \(2, 7, 7\); expected \(batch, 8, 7\)"):
         tokenizer.encode(np.zeros((2, 7, 7)))
@@ -149,7 +155,8 @@ def write_vqbet_folder(directory, h=8, w=7, latent=32, n_embed=16, groups=3, act
     encoder, decoder, vq = mlp(h * w, latent), mlp(latent, h * w), {}
     for i in range(groups):
         embed = torch.randn(1, n_embed, latent, generator=g)
-        vq |= {f"layers.{i}._codebook.initted": torch.Tensor([True]), f"layers.{i}._codebook.cluster_size": torch.ones(1, n_embed),
+        vq |= {f"layers.{i}._codebook.initted": torch.Tensor([True]),
+               f"layers.{i}._codebook.cluster_size": torch.ones(1, n_embed),
                f"layers.{i}._codebook.embed_avg": embed.clone(), f"layers.{i}._codebook.embed": embed}
     optimizer = torch.optim.Adam([torch.nn.Parameter(v.clone()) for v in (*encoder.values(), *decoder.values())],
                                  lr=1e-3, weight_decay=1e-4)

@@ -37,9 +37,13 @@ def test_training_state_round_trips_without_pickle(tmp_path):
     assert loaded["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.95)
     for key in ("exp_avg", "exp_avg_sq", "step"):
         assert torch.equal(loaded["optimizer"]["state"][0][key], state["optimizer"]["state"][0][key])
-    np.random.set_state(loaded["numpy_rng"]), random.setstate(loaded["python_rng"]), torch.set_rng_state(loaded["torch_rng"])
+    np.random.set_state(loaded["numpy_rng"])
+    random.setstate(loaded["python_rng"])
+    torch.set_rng_state(loaded["torch_rng"])
     draws = (np.random.rand(), random.random(), torch.rand(1).item())
-    np.random.set_state(state["numpy_rng"]), random.setstate(state["python_rng"]), torch.set_rng_state(state["torch_rng"])
+    np.random.set_state(state["numpy_rng"])
+    random.setstate(state["python_rng"])
+    torch.set_rng_state(state["torch_rng"])
     assert draws == (np.random.rand(), random.random(), torch.rand(1).item())
     assert loaded["generator"] == state["generator"] and loaded["pairs"] == state["pairs"]
     assert loaded["counters"] == {"real_steps": 12} and loaded["none"] is None
@@ -60,7 +64,8 @@ def save(out, step, recipe=RECIPE):
 
 
 @pytest.mark.parametrize("damage, named", [
-    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-40]), "model.safetensors"),
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-40]),
+     "model.safetensors"),
     (lambda d: (d / "model.safetensors").write_bytes(b""), "model.safetensors"),
     (lambda d: (d / "config.json").write_text('{"step": '), "config.json"),
     (lambda d: (d / "training_state.json").unlink(), "training_state.json is missing"),

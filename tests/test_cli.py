@@ -4,11 +4,14 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.simulator
 def test_bench_env_writes_the_three_timings(tmp_path):
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "env", "--suite", "libero_90", "--task", "0",
-                           "--steps", "16", "--chunk", "8", "--repeats", "1", "--json", str(out)],
+    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "env", "--suite", "libero_90",
+                           "--task", "0", "--steps", "16", "--chunk", "8", "--repeats", "1", "--json", str(out)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())

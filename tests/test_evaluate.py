@@ -32,6 +32,7 @@ def config(checkpoint, out, **overrides) -> EvalConfig:
     return EvalConfig(**{**settings, **overrides})
 
 
+@pytest.mark.simulator
 def test_two_tasks_two_trials_write_results_and_videos(checkpoint, tmp_path):
     info = evaluate(config(checkpoint, tmp_path), progress=False)
     assert [t["task"] for t in info["per_task"]] == [0, 46]
@@ -39,7 +40,8 @@ def test_two_tasks_two_trials_write_results_and_videos(checkpoint, tmp_path):
     on_disk = json.loads((tmp_path / "eval_info.json").read_text())
     assert on_disk["overall"] == info["overall"] and on_disk["per_suite"]["libero_90"]["trials"] == 4
     s = on_disk["settings"]
-    assert (s["sampling"], s["execute_steps"], s["max_steps"], s["protocol_max_steps"]) == ("greedy", 8, MAX_STEPS, False)
+    assert ((s["sampling"], s["execute_steps"], s["max_steps"], s["protocol_max_steps"])
+            == ("greedy", 8, MAX_STEPS, False))
     assert (s["image_convention"], s["resolution"], s["seed"], s["device"]) == ("minivla", 224, 0, "cpu")
     assert len(s["checkpoint_sha256"]) == 64 and s["renderer"]["MUJOCO_GL"] == "egl"
     assert s["center_crop"] is False  # the policy's input crop (Prismatic runs trained with image_aug)
@@ -61,6 +63,7 @@ def test_two_tasks_two_trials_write_results_and_videos(checkpoint, tmp_path):
     assert len((tmp_path / "episodes.jsonl").read_text().splitlines()) == 4
 
 
+@pytest.mark.simulator
 def test_killed_evaluation_resumes_and_counts_each_trial_once(checkpoint, tmp_path):
     command = [sys.executable, "-m", "minivla_wmrl.cli", "eval", "--checkpoint", str(checkpoint), "--suite",
                "libero_90", "--tasks", "0", "--trials", "3", "--envs", "1", "--execute-steps", "8",
@@ -84,6 +87,7 @@ def test_killed_evaluation_resumes_and_counts_each_trial_once(checkpoint, tmp_pa
     assert len(read_episodes(episodes)) == 3
 
 
+@pytest.mark.simulator
 def test_resume_with_other_settings_is_refused(checkpoint, tmp_path):
     evaluate(config(checkpoint, tmp_path, tasks=["0"], trials=1, envs=1, videos="none"), progress=False)
     with pytest.raises(ValueError, match="other settings.*execute_steps"):
@@ -119,6 +123,7 @@ def test_bad_checkpoints_and_tasks_are_clear_errors(checkpoint, tmp_path):
     assert not any((tmp_path / d).exists() for d in "abcdefghijk")  # a refused evaluation writes nothing
 
 
+@pytest.mark.simulator
 def test_rl_training_states_are_new_draws_disjoint_from_evaluation(libero_env):
     states = np.stack(training_init_states(libero_env.sample_init_state, libero_env.init_states, 2, libero_env.task_id))
     assert states.shape == (2, libero_env.init_states.shape[1])
@@ -132,6 +137,7 @@ def test_rl_training_states_are_new_draws_disjoint_from_evaluation(libero_env):
     assert select_rl_init_states([0, 1], 50, allow_eval_states=True, task_id=libero_env.task_id) == [0, 1]
 
 
+@pytest.mark.simulator
 def test_samples_per_state_report_avg_best_and_all_at_k_and_resume_per_sample(checkpoint, tmp_path):
     sampled = config(checkpoint, tmp_path, tasks=["0"], trials=2, samples_per_state=2, temperature=1.0, videos="none")
     info = evaluate(sampled, progress=False)
@@ -152,6 +158,7 @@ def test_samples_per_state_report_avg_best_and_all_at_k_and_resume_per_sample(ch
         evaluate(config(checkpoint, tmp_path / "greedy", samples_per_state=2), progress=False)
 
 
+@pytest.mark.simulator
 def test_compare_pairs_shared_episodes_and_refuses_other_settings(checkpoint, tmp_path, capsys):
     from minivla_wmrl.cli import main as cli
 

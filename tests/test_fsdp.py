@@ -20,8 +20,9 @@ def images(policy) -> np.ndarray:
 
 
 def queries(policy, count: int) -> list[np.ndarray]:
-    return [policy.generate(images(policy), INSTRUCTIONS, 1.0, uniforms=np.full((3, 7), (i + 1) / (count + 1))).token_ids
-            .numpy() for i in range(count)]
+    return [policy.generate(images(policy), INSTRUCTIONS, 1.0,
+                            uniforms=np.full((3, 7), (i + 1) / (count + 1))).token_ids.numpy()
+            for i in range(count)]
 
 
 def sharded_worker(rank: int, world: int, root: str) -> None:

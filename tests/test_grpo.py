@@ -19,6 +19,8 @@ from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 
+pytestmark = pytest.mark.simulator
+
 EPISODE_STEPS = 16
 
 
@@ -133,7 +135,8 @@ def test_faults_mid_checkpoint_and_mid_metrics_line_resume_exactly(envs, checkpo
         write_line(self, record)
 
     cut = uncalibrated(checkpoints, tmp_path / "cut", steps=3)
-    for target, fault in ((checkpoint, ("write_training_state", state_fault)), (run_log.MetricsLog, ("write", line_fault))):
+    for target, fault in ((checkpoint, ("write_training_state", state_fault)),
+                          (run_log.MetricsLog, ("write", line_fault))):
         monkeypatch.setattr(target, *fault)
         with pytest.raises(KeyboardInterrupt):
             train_grpo(cut, envs=envs, progress=False)
@@ -218,8 +221,8 @@ def test_two_process_grpo_matches_one_process(checkpoints, tmp_path):
         np.testing.assert_allclose([r["wm_score_mean"] for r in logs[name]], [r["wm_score_mean"] for r in logs["one"]],
                                    rtol=1e-6)
         for key in ("loss", "approx_kl", "clip_low", "clip_high", "grad_norm"):  # token means over both processes
-            np.testing.assert_allclose([r[key] for r in logs[name]], [r[key] for r in logs["one"]], rtol=1e-3, atol=1e-7,
-                                       err_msg=f"{name}: {key}")
+            np.testing.assert_allclose([r[key] for r in logs[name]], [r[key] for r in logs["one"]],
+                                       rtol=1e-3, atol=1e-7, err_msg=f"{name}: {key}")
         assert weights[name].keys() == weights["one"].keys()
         for key, tensor in weights["one"].items():
             torch.testing.assert_close(weights[name][key], tensor, atol=1e-5, rtol=1e-4, msg=f"{name}: {key}")

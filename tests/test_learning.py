@@ -91,9 +91,11 @@ def learning_recipe(start, out, **grpo) -> GRPORecipe:
 
 
 def test_grpo_lifts_a_weak_policy_and_shuffled_rewards_do_not(start, tmp_path):
-    learned = [r["success_rate"] for r in train_grpo(learning_recipe(start, tmp_path / "sparse"), progress=False)["history"]]
+    learned = [r["success_rate"] for r in
+               train_grpo(learning_recipe(start, tmp_path / "sparse"), progress=False)["history"]]
     shuffled = [r["success_rate"] for r in
-                train_grpo(learning_recipe(start, tmp_path / "shuffled", shuffle_rewards=True), progress=False)["history"]]
+                train_grpo(learning_recipe(start, tmp_path / "shuffled", shuffle_rewards=True),
+                           progress=False)["history"]]
     print("sampled success per step: sparse", learned, "shuffled", shuffled)
     assert learned[0] <= 0.3 and shuffled[0] <= 0.3, (learned, shuffled)  # a weak start, 32 sampled episodes a step
     assert np.mean(learned[-2:]) >= 0.7, learned  # 64 sampled episodes over the last two steps

@@ -8,6 +8,7 @@ from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, SUITES, LiberoEn
 from tests.conftest import TASK0
 
 
+@pytest.mark.simulator
 @pytest.mark.parametrize("suite", SUITES)
 def test_task0_of_every_suite_builds_resets_and_steps(suite):
     env = LiberoEnv(suite, 0, cameras=("agentview",))
@@ -23,6 +24,7 @@ def test_task0_of_every_suite_builds_resets_and_steps(suite):
         env.close()
 
 
+@pytest.mark.simulator
 def test_scripted_drawer_closing_succeeds_and_the_episode_stops(libero_env, drawer_actions):
     actions, success_step = drawer_actions
     assert success_step == len(actions) < SUITE_MAX_STEPS["libero_90"]
@@ -35,6 +37,7 @@ def test_scripted_drawer_closing_succeeds_and_the_episode_stops(libero_env, draw
         libero_env.step(actions[-1])
 
 
+@pytest.mark.simulator
 def test_success_inside_a_chunk_counts_at_its_step(libero_env, drawer_actions):
     actions, success_step = drawer_actions
     padded = np.concatenate([np.stack(actions), np.zeros((16, 7))])  # actions that would run past the success
@@ -48,6 +51,7 @@ def test_success_inside_a_chunk_counts_at_its_step(libero_env, drawer_actions):
     assert result.observation.images["agentview"].std() > 5
 
 
+@pytest.mark.simulator
 def test_on_demand_frames_equal_always_render_frames(libero_env, libero_env_always_render):
     actions = np.random.default_rng(0).uniform(-1, 1, (20, 7))
     lazy_first, always_first = libero_env.reset(2), libero_env_always_render.reset(2)
@@ -61,6 +65,7 @@ def test_on_demand_frames_equal_always_render_frames(libero_env, libero_env_alwa
         np.testing.assert_array_equal(lazy.observation.proprio, always.observation.proprio)
 
 
+@pytest.mark.simulator
 def test_soft_reset_observation_equals_a_fresh_env(libero_env):
     libero_env.reset(5)
     libero_env.step(np.random.default_rng(1).uniform(-1, 1, (12, 7)))
@@ -77,12 +82,14 @@ def test_soft_reset_observation_equals_a_fresh_env(libero_env):
     np.testing.assert_array_equal(again.images["agentview"], soft.images["agentview"])
 
 
+@pytest.mark.simulator
 def test_raw_init_state_equals_its_index(libero_env):
     by_index = libero_env.reset(7)
     by_state = libero_env.reset(libero_env.init_states[7])
     np.testing.assert_array_equal(by_index.images["agentview"], by_state.images["agentview"])
 
 
+@pytest.mark.simulator
 def test_reset_leaves_the_callers_numpy_rng_alone(libero_env):
     np.random.seed(123)
     expected = np.random.rand()
@@ -91,6 +98,7 @@ def test_reset_leaves_the_callers_numpy_rng_alone(libero_env):
     assert np.random.rand() == expected
 
 
+@pytest.mark.simulator
 def test_episode_stops_at_the_step_cap(libero_env):
     libero_env.reset(0, render=False)
     cap, libero_env.max_steps = libero_env.max_steps, 12
@@ -124,6 +132,7 @@ def test_bad_env_arguments_are_named(kwargs, message):
         LiberoEnv(**kwargs)
 
 
+@pytest.mark.simulator
 def test_bad_init_states_and_actions_are_named(libero_env):
     with pytest.raises(ValueError, match=r"init-state index 50 out of range .* expected 0..49"):
         libero_env.reset(50)
@@ -143,6 +152,7 @@ def test_bad_init_states_and_actions_are_named(libero_env):
     assert libero_env.step_count == 0, "a rejected action must not advance the episode"
 
 
+@pytest.mark.simulator
 def test_reset_after_close_is_named():
     env = LiberoEnv("libero_90", 0, cameras=("agentview",), max_steps=8)
     env.close()

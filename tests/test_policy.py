@@ -188,7 +188,8 @@ def test_prismatic_variants_are_read_from_the_run_config(policy, images, tmp_pat
     # a run trained with image augmentation is run on centre crops: openvla-mini's eval transform
     (run / "config.json").write_text(json.dumps(prismatic_config(image_aug=True)))
     cropped = import_prismatic(run, vq, qwen, preset_name="tiny")
-    assert cropped.config.center_crop and not import_prismatic(run, vq, qwen, "tiny", center_crop=False).config.center_crop
+    assert (cropped.config.center_crop
+            and not import_prismatic(run, vq, qwen, "tiny", center_crop=False).config.center_crop)
     reference = np.stack([np.asarray(Image.fromarray(image[6:218, 6:218]).resize((224, 224), Image.Resampling.BILINEAR))
                           for image in images])  # side int(sqrt(0.9) * 224) = 212, offset 6
     np.testing.assert_array_equal(center_crop(images), reference)
@@ -207,13 +208,15 @@ def test_bad_policy_inputs_are_named(policy, images):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    bare = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")))
+    bare = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")))
     with pytest.raises(ValueError, match="lacks the action tokens"):
         MiniVLA(preset("tiny"), bare, ActionTokenizer())
     small_vq = ActionTokenizer(ActionTokenizerConfig(num_codebooks=5))
     with pytest.raises(ValueError, match="action tokenizer has 5 codebooks x 128 codes; the policy expects 7 x 128"):
         MiniVLA(preset("tiny"), tiny_qwen_style_tokenizer(), small_vq)
-    with pytest.raises(ValueError, match=r"images have shape \(1, 256, 256, 3\) .* expected uint8 \(batch, 224, 224, 3\)"):
+    with pytest.raises(ValueError, match=r"images have shape \(1, 256, 256, 3\) "
+                                         r".* expected uint8 \(batch, 224, 224, 3\)"):
         policy.generate(np.zeros((1, 256, 256, 3), np.uint8), INSTRUCTIONS[:1])
     with pytest.raises(ValueError, match="dtype torch.float32"):
         policy.generate(np.zeros((1, 224, 224, 3), np.float32), INSTRUCTIONS[:1])
@@ -236,8 +239,9 @@ def test_model_info_reports_the_published_sizes():
 
 def test_bench_policy_measures_both_loops(tmp_path):
     out = tmp_path / "policy.json"
-    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "policy", "--preset", "tiny", "--batch", "8",
-                           "--repeats", "1", "--naive-queries", "2", "--json", str(out)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "policy", "--preset", "tiny",
+                           "--batch", "8", "--repeats", "1", "--naive-queries", "2", "--json", str(out)],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["ratio"] == pytest.approx(result["batched_queries_per_s"] / result["naive_queries_per_s"])
@@ -274,8 +278,9 @@ def test_a_run_built_from_the_reference_modules_computes_as_the_reference(policy
                                **config.siglip_overrides).eval()
     fused = dino.embed_dim + siglip.embed_dim
     llm_dim = config.llm["hidden_size"]
-    projector = torch.nn.Sequential(torch.nn.Linear(fused, 4 * fused), torch.nn.GELU(), torch.nn.Linear(4 * fused, llm_dim),
-                                    torch.nn.GELU(), torch.nn.Linear(llm_dim, llm_dim)).eval()
+    projector = torch.nn.Sequential(torch.nn.Linear(fused, 4 * fused), torch.nn.GELU(),
+                                    torch.nn.Linear(4 * fused, llm_dim), torch.nn.GELU(),
+                                    torch.nn.Linear(llm_dim, llm_dim)).eval()
     llm = Qwen2ForCausalLM(Qwen2Config(**config.llm)).eval()
     run, vq, qwen, _ = write_prismatic_run(policy, tmp_path)
     model = {"vision_backbone": {**{f"dino_featurizer.{k}": v for k, v in dino.state_dict().items()},
@@ -286,10 +291,12 @@ def test_a_run_built_from_the_reference_modules_computes_as_the_reference(policy
     imported = import_prismatic(run, vq, qwen, preset_name="tiny")
 
     pixels = torch.as_tensor(images).permute(0, 3, 1, 2).float() / 255
-    mean, std = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    mean, std = (torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1),
+                 torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
     with torch.no_grad():
         patches = torch.cat([dino.get_intermediate_layers((pixels - mean) / std, n={len(dino.blocks) - 2})[0],
-                             siglip.get_intermediate_layers((pixels - 0.5) / 0.5, n={len(siglip.blocks) - 2})[0]], dim=2)
+                             siglip.get_intermediate_layers((pixels - 0.5) / 0.5, n={len(siglip.blocks) - 2})[0]],
+                            dim=2)
         torch.testing.assert_close(imported.vision(pixels), patches)
         torch.testing.assert_close(imported.projector(patches), projector(patches))
         ids = torch.tensor([[1, 5, 9, 200, 300]])

@@ -13,6 +13,7 @@ from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
 
+pytestmark = pytest.mark.simulator
 
 FACTORY = functools.partial(LiberoEnv, *TASK0, cameras=("agentview",), max_steps=16)
 CONFIG = RolloutConfig(execute_steps=8, temperature=1.0, seed=1)

@@ -13,6 +13,8 @@ from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
 
+pytestmark = pytest.mark.simulator
+
 MAX_STEPS = 24
 
 

@@ -40,17 +40,20 @@ def test_declared_ranges_and_choices_are_enforced_when_read_and_before_work(tmp_
     from minivla_wmrl.train.sft import SFTRecipe, train_sft
     from minivla_wmrl.train.vq import VQTrainConfig, run_vq
 
-    for data, message in (({"data": {"val_fraction": 1.5}}, r"sft.data.val_fraction: 1.5 is out of range; expected >= 0 and < 1"),
+    for data, message in (({"data": {"val_fraction": 1.5}},
+                           r"sft.data.val_fraction: 1.5 is out of range; expected >= 0 and < 1"),
                           ({"data": {"val_fraction": -0.1}}, "val_fraction: -0.1 is out of range"),
-                          ({"policy": {"dtype": "float16"}}, r"policy.dtype: 'float16' is not one of \['float32', 'bfloat16'\]"),
+                          ({"policy": {"dtype": "float16"}},
+                           r"policy.dtype: 'float16' is not one of \['float32', 'bfloat16'\]"),
                           ({"sft": {"save_every": 0}}, "save_every: 0 is out of range; expected >= 1"),
                           ({"sft": {"batch_size": 0}}, "batch_size: 0 is out of range"),
                           ({"sft": {"steps": -1}}, "steps: -1 is out of range; expected >= 0")):
         with pytest.raises(ValueError, match=message):
             config_from_dict(SFTRecipe, data, "sft")
-    for data, message in (({"grpo": {"max_real_steps": 0}}, "max_real_steps: 0 is out of range"),  # ran 400-step episodes
-                          ({"grpo": {"steps": -1}}, "steps: -1 is out of range"),  # started the simulator
-                          ({"policy": {"dtype": "float16"}}, "'float16' is not one of")):  # was a KeyError
+    for data, message in (
+            ({"grpo": {"max_real_steps": 0}}, "max_real_steps: 0 is out of range"),  # ran 400-step episodes
+            ({"grpo": {"steps": -1}}, "steps: -1 is out of range"),  # started the simulator
+            ({"policy": {"dtype": "float16"}}, "'float16' is not one of")):  # was a KeyError
         with pytest.raises(ValueError, match=message):
             config_from_dict(GRPORecipe, data, "grpo")
     built = GRPORecipe()  # set in code, not read: checked before any work all the same
@@ -86,4 +89,5 @@ def test_an_output_path_that_is_a_file_is_a_named_error(tmp_path, capsys, comman
     args = [a.format(out=out, recipe=recipe, demo=tmp_path / "missing.hdf5") for a in command]
     assert cli(args) == 1
     assert f"{out} is an existing file, not a directory" in capsys.readouterr().err
-    assert out.read_text() == "someone's file" and sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml", "taken"]
+    assert (out.read_text() == "someone's file"
+            and sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml", "taken"])

@@ -27,6 +27,7 @@ def demos(tmp_path_factory):
     return out / f"{report['name']}_demo.hdf5"
 
 
+@pytest.mark.simulator
 def test_generated_file_has_the_libero_layout(demos):
     with h5py.File(demos) as f:
         data = f["data"]
@@ -52,6 +53,7 @@ def test_generated_file_has_the_libero_layout(demos):
         assert data.attrs["total"] == total
 
 
+@pytest.mark.simulator
 def test_dataset_items_are_upright_resized_and_padded(demos):
     episodes = read_episodes([demos])
     stats = ActionStatistics.from_actions(np.concatenate([e.actions for e in episodes]), num_trajectories=3)
@@ -73,9 +75,11 @@ def make_recipe(demos, out, **sft) -> SFTRecipe:
     return config_from_dict(SFTRecipe, {
         "out": str(out), "policy": {"preset": "tiny"}, "data": {"paths": [str(demos)], "val_fraction": 0.34},
         "vq": {"train": {"steps": 100, "batch_size": 256}},
-        "sft": {"batch_size": 8, "lr": 3e-3, "log_every": 1, "eval_every": 1000, "save_every": 1000} | sft}, "test recipe")
+        "sft": {"batch_size": 8, "lr": 3e-3, "log_every": 1, "eval_every": 1000, "save_every": 1000} | sft},
+        "test recipe")
 
 
+@pytest.mark.simulator
 def test_sft_lowers_the_loss_and_raises_action_token_accuracy(demos, tmp_path):
     result = train_sft(make_recipe(demos, tmp_path / "run", steps=80), progress=False)
     history = result["history"]
@@ -85,6 +89,7 @@ def test_sft_lowers_the_loss_and_raises_action_token_accuracy(demos, tmp_path):
     assert "val_action_accuracy" in history[-1]
 
 
+@pytest.mark.simulator
 def test_interrupted_sft_resumes_with_the_same_loss_curve(demos, tmp_path):
     straight = train_sft(make_recipe(demos, tmp_path / "a", steps=6), progress=False)["history"]
     train_sft(make_recipe(demos, tmp_path / "b", steps=3, save_every=3), progress=False)
@@ -109,6 +114,7 @@ def test_recipe_errors_name_the_key(tmp_path):
     assert load_recipe(SFTRecipe, path, ["sft.lr=1e-4", "policy.lora=true"]).sft.lr == 1e-4
 
 
+@pytest.mark.simulator
 def test_two_process_ddp_and_fsdp_match_one_process_with_the_same_global_batch(demos, tmp_path):
     """DDP, and FSDP interrupted after 2 steps and resumed (its checkpoints hold full tensors), reach
     the single-process parameters and losses; so does FSDP resuming the single process's checkpoint."""
@@ -150,7 +156,8 @@ def test_two_process_ddp_and_fsdp_match_one_process_with_the_same_global_batch(d
         assert [r["step"] for r in logs[name]] == [1, 2, 3, 4]
         # rank 0 logs the mean over processes: the global batch's loss; validation runs on rank 0
         for key in ("loss", "grad_norm", "val_loss"):
-            np.testing.assert_allclose([r[key] for r in logs[name] if key in r], [r[key] for r in logs["one"] if key in r],
+            np.testing.assert_allclose([r[key] for r in logs[name] if key in r],
+                                       [r[key] for r in logs["one"] if key in r],
                                        rtol=1e-4, err_msg=f"{name}: {key}")
 
 
@@ -180,6 +187,7 @@ train_sft(recipe, progress=False)
 """
 
 
+@pytest.mark.simulator
 def test_sft_killed_at_random_points_resumes_to_the_uninterrupted_run(demos, tmp_path):
     """Fault injection: SIGKILL mid-checkpoint and mid-metrics-line at seeded random steps (twice in one
     run), then a damaged latest checkpoint; every resume ends where the uninterrupted run ends."""
@@ -214,6 +222,7 @@ def test_sft_killed_at_random_points_resumes_to_the_uninterrupted_run(demos, tmp
     assert not [p for p in (tmp_path / "killed" / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.simulator
 def test_resuming_sft_with_another_batch_size_is_refused(demos, tmp_path):
     train_sft(make_recipe(demos, tmp_path, steps=2, save_every=2), progress=False)
     with pytest.raises(ValueError, match="sft.batch_size: 8 → 4"):

@@ -21,6 +21,7 @@ def vector_env():
     env.close()
 
 
+@pytest.mark.simulator
 def test_workers_step_in_parallel_like_a_local_env(vector_env, libero_env):
     actions = np.random.default_rng(3).uniform(-1, 1, (8, 7))
     first = vector_env.reset([4, 6])
@@ -34,6 +35,7 @@ def test_workers_step_in_parallel_like_a_local_env(vector_env, libero_env):
     assert vector_env.infos[0].instruction == "close the top drawer of the cabinet"
 
 
+@pytest.mark.simulator
 def test_killed_worker_is_restarted_and_its_episode_reported(vector_env):
     vector_env.reset([0, 1], render=False)
     os.kill(vector_env.pids()[1], signal.SIGKILL)
@@ -46,6 +48,7 @@ def test_killed_worker_is_restarted_and_its_episode_reported(vector_env):
     assert vector_env.step([None, np.zeros((2, 7))])[1].steps == 2
 
 
+@pytest.mark.simulator
 def test_env_exception_is_reported_and_the_worker_lives_on(vector_env):
     results = vector_env.reset([99, 0], render=False)
     assert isinstance(results[0], EnvFailure) and "init-state index 99 out of range" in results[0].reason

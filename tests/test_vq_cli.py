@@ -15,6 +15,7 @@ from minivla_wmrl.normalization import read_statistics
 from tests.test_action_tokenizer import expert_demo_file  # noqa: F401 - the shared fixture
 
 
+@pytest.mark.simulator
 def test_vq_command_trains_and_writes_tokenizer_and_statistics(expert_demo_file, tmp_path):  # noqa: F811
     done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "vq", "--data", str(expert_demo_file),
                            "--out", str(tmp_path), "--steps", "60", "--batch-size", "256", "--val-fraction", "0.2"],

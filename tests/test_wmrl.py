@@ -124,6 +124,7 @@ def test_shuffled_rewards_are_a_permutation_within_each_group():
     for g in (0, 1):
         member = (groups == g) & np.isfinite(rewards)
         assert sorted(shuffled[member]) == sorted(rewards[member])
-    moved = [not np.array_equal(shuffle_within_groups(rewards, groups, np.random.default_rng(s)), rewards, equal_nan=True)
+    moved = [not np.array_equal(shuffle_within_groups(rewards, groups, np.random.default_rng(s)), rewards,
+                                equal_nan=True)
              for s in range(10)]
     assert any(moved)

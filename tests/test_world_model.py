@@ -99,6 +99,7 @@ def small_config(**overrides):
     return ProgressModelConfig(**{"image_size": SIZE, "dim": 64, **overrides})
 
 
+@pytest.mark.simulator
 def test_trained_world_model_separates_demos_from_failed_rollouts(labelled):
     demos, failed, _, _ = labelled
     torch.manual_seed(0)
@@ -116,6 +117,7 @@ def test_trained_world_model_separates_demos_from_failed_rollouts(labelled):
     assert auroc(scores, [t.success for t in held_out]) == pytest.approx(after["success_auroc"])
 
 
+@pytest.mark.simulator
 def test_online_update_and_save_load_round_trip(labelled, tmp_path):
     demos, failed, _, _ = labelled
     model = ProgressWorldModel(small_config(dim=32, layers=1))
@@ -129,6 +131,7 @@ def test_online_update_and_save_load_round_trip(labelled, tmp_path):
     np.testing.assert_allclose(loaded.score(frames, instructions), model.score(frames, instructions), atol=1e-6)
 
 
+@pytest.mark.simulator
 def test_wm_command_trains_and_resumes_exactly(labelled, tmp_path, monkeypatch, capsys):
     _, failed, demo_file, _ = labelled
     rollouts = save_trajectories(tmp_path / "rollouts.hdf5", failed)
@@ -161,6 +164,7 @@ def test_wm_command_trains_and_resumes_exactly(labelled, tmp_path, monkeypatch, 
     assert "train.lr: 0.0003 → 0.01" in capsys.readouterr().err
 
 
+@pytest.mark.simulator
 def test_final_prefix_targets_label_every_prefix_with_the_final_outcome(labelled):
     demos, failed, _, _ = labelled
     model = ProgressWorldModel(small_config(dim=32, layers=1))
@@ -176,6 +180,7 @@ def test_final_prefix_targets_label_every_prefix_with_the_final_outcome(labelled
         WorldModelTrainer(model, WMTrainConfig(prefix_target="last"))
 
 
+@pytest.mark.simulator
 def test_metrics_report_auroc_on_prefixes(labelled):
     demos, failed, _, _ = labelled
     model = ProgressWorldModel(small_config(dim=32, layers=1))

@@ -72,7 +72,8 @@ def format_table(result: dict) -> str:
              f"(+10 wait steps), median of {result['repeats']}",
              "| mode   | seconds | x engine | what |", "|---|---|---|---|"]
     for mode, what in rows:
-        lines.append(f"| {mode:6s} | {result[mode + '_s']:7.2f} | {result[mode + '_s'] / result['engine_s']:8.2f} | {what} |")
+        lines.append(f"| {mode:6s} | {result[mode + '_s']:7.2f} | "
+                     f"{result[mode + '_s'] / result['engine_s']:8.2f} | {what} |")
     lines.append(f"speedup (naive / engine) = {result['speedup']:.1f}x")
     return "\n".join(lines)
 

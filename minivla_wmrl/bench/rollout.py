@@ -38,7 +38,8 @@ def random_policy(preset_name: str, seed: int) -> MiniVLA:
                    ActionStatistics.from_actions(actions, num_trajectories=10)).eval()
 
 
-def _naive(policy: MiniVLA, suite: str, task: str, episodes: int, max_steps: int, execute_steps: int) -> tuple[float, int]:
+def _naive(policy: MiniVLA, suite: str, task: str, episodes: int, max_steps: int,
+           execute_steps: int) -> tuple[float, int]:
     env = LiberoEnv(suite, task, cameras=("agentview", "wrist"), soft_reset=False, render_every_step=True,
                     max_steps=max_steps)
     try:

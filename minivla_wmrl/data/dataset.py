@@ -109,7 +109,8 @@ def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None =
             convention = handle["data"].attrs.get("macros_image_convention", "opengl")
             gripper = handle["data"].attrs.get("gripper_convention", "libero")
             if gripper not in GRIPPER_CONVENTIONS:
-                raise ValueError(f"{path}: gripper_convention {gripper!r} is unknown; expected one of {GRIPPER_CONVENTIONS}")
+                raise ValueError(f"{path}: gripper_convention {gripper!r} is unknown; "
+                                 f"expected one of {GRIPPER_CONVENTIONS}")
             demos = sorted((k for k in handle["data"] if _demo_order(k) >= 0), key=_demo_order)[:max_demos_per_file]
             if not demos:
                 raise ValueError(f"{path} has no data/demo_N groups")
@@ -121,7 +122,8 @@ def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None =
                 try:
                     raw = np.asarray(group["actions"], dtype=np.float64)
                 except OSError as error:
-                    raise ValueError(f"{path}: data/{demo}/actions cannot be read ({error}); the file is damaged") from None
+                    raise ValueError(f"{path}: data/{demo}/actions cannot be read ({error}); "
+                                     "the file is damaged") from None
                 expected_dim = 7 if gripper == "libero" else raw.shape[-1]
                 if raw.ndim != 2 or raw.shape[1] != expected_dim:
                     raise ValueError(f"{path}: data/{demo}/actions has shape {raw.shape}; expected (T, {expected_dim})")
@@ -130,10 +132,12 @@ def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None =
                 for key in (image_key, wrist_key):  # float frames in [0, 1] once became near-black uint8 and trained
                     frames = group[f"obs/{key}"] if key else None
                     if frames is not None and (frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3):
-                        raise ValueError(f"{path}: data/{demo}/obs/{key} is {frames.dtype} {frames.shape}; expected uint8 "
-                                         "(T, H, W, 3) RGB frames in 0..255 (scale float images before writing them)")
+                        raise ValueError(f"{path}: data/{demo}/obs/{key} is {frames.dtype} {frames.shape}; "
+                                         "expected uint8 (T, H, W, 3) RGB frames in 0..255 "
+                                         "(scale float images before writing them)")
                 if image_key and len(group[f"obs/{image_key}"]) != len(raw):
-                    raise ValueError(f"{path}: data/{demo} has {len(group[f'obs/{image_key}'])} frames for {len(raw)} actions")
+                    raise ValueError(f"{path}: data/{demo} has {len(group[f'obs/{image_key}'])} frames "
+                                     f"for {len(raw)} actions")
                 keep = np.flatnonzero(keep_mask(raw))
                 if len(keep) < chunk_len:
                     raise ValueError(f"{path}: data/{demo} has {len(keep)} actions after no-op filtering, fewer than "

@@ -123,5 +123,6 @@ def main(args) -> None:
     reports = [generate_demos(args.suite, task, args.num, out, init_states, args.resolution) for task in args.tasks]
     print("| task | name | scripted success | demos written |\n|---|---|---|---|")
     for r in reports:
-        print(f"| {r['task']} | {r['name']} | {r['succeeded']}/{r['tried']} = {r['success_rate']:.0%} | {r['succeeded']} |")
+        print(f"| {r['task']} | {r['name']} | {r['succeeded']}/{r['tried']} = {r['success_rate']:.0%} "
+              f"| {r['succeeded']} |")
     (out / "demos_report.json").write_text(json.dumps(reports, indent=2))

@@ -44,8 +44,8 @@ def write_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset"
         for name, parameter in policy.named_parameters(remove_duplicate=False):
             names.setdefault(id(parameter), []).append(name)
         tied = {name for group in names.values() for name in sorted(group)[1:]}  # save_model keeps the first
-        save_file({k: v.contiguous() for k, v in weights.items() if k not in tied}, str(directory / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file({k: v.contiguous() for k, v in weights.items() if k not in tied},
+                  str(directory / "model.safetensors"), metadata={"format": "pt"})
     policy.tokenizer.save_pretrained(directory / "tokenizer")
     policy.action_tokenizer.save(directory / "action_tokenizer")
     if policy.statistics is not None:
@@ -82,9 +82,11 @@ def load_policy(directory: Path, device: str = "cpu", dtype: torch.dtype = torch
     config_path = directory / "config.json"
     meta = read_json(config_path, "policy checkpoint config")
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{config_path} is not a {FORMAT} checkpoint (a Prismatic run directory? use import_prismatic)")
+        raise ValueError(f"{config_path} is not a {FORMAT} checkpoint "
+                         "(a Prismatic run directory? use import_prismatic)")
     policy = MiniVLA(MiniVLAConfig.from_dict(meta["policy"], str(config_path)),
-                     AutoTokenizer.from_pretrained(directory / "tokenizer"), ActionTokenizer.load(directory / "action_tokenizer"),
+                     AutoTokenizer.from_pretrained(directory / "tokenizer"),
+                     ActionTokenizer.load(directory / "action_tokenizer"),
                      _statistics(directory / "dataset_statistics.json", meta.get("dataset_name")))
     if meta.get("lora"):
         lora = meta["lora"]
@@ -139,7 +141,8 @@ def import_prismatic(run_dir: Path, vq_dir: Path, qwen_dir: Path, preset_name: s
     parts = state.get("model", {}) if isinstance(state, dict) else {}
     missing = {"vision_backbone", "projector", "llm_backbone"} - set(parts)
     if missing:
-        raise ValueError(f"{checkpoint} lacks model.{sorted(missing)}; expected vision_backbone, projector, llm_backbone")
+        raise ValueError(f"{checkpoint} lacks model.{sorted(missing)}; "
+                         "expected vision_backbone, projector, llm_backbone")
 
     tokenizer = AutoTokenizer.from_pretrained(qwen_dir)
     add_action_tokens(tokenizer)

@@ -98,8 +98,8 @@ class MiniVLA(nn.Module):
         check_action_tokens(tokenizer, config.codebook_size)
         vq = action_tokenizer.config
         if (vq.num_codebooks, vq.codebook_size) != (config.num_action_tokens, config.codebook_size):
-            raise ValueError(f"action tokenizer has {vq.num_codebooks} codebooks x {vq.codebook_size} codes; the policy "
-                             f"expects {config.num_action_tokens} x {config.codebook_size}")
+            raise ValueError(f"action tokenizer has {vq.num_codebooks} codebooks x {vq.codebook_size} codes; "
+                             f"the policy expects {config.num_action_tokens} x {config.codebook_size}")
         if len(tokenizer) > config.llm["vocab_size"]:
             raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the language model only "
                              f"{config.llm['vocab_size']} embedding rows")
@@ -174,7 +174,8 @@ class MiniVLA(nn.Module):
 
     def _prompt(self, instruction: str) -> list[int]:
         if instruction not in self._prompt_ids:
-            self._prompt_ids[instruction] = self.tokenizer(build_prompt(instruction), add_special_tokens=False).input_ids
+            self._prompt_ids[instruction] = self.tokenizer(build_prompt(instruction),
+                                                           add_special_tokens=False).input_ids
         return self._prompt_ids[instruction]
 
     def prefix(self, images, instructions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,7 +212,8 @@ class MiniVLA(nn.Module):
                                  f"({len(instructions)}, {self.config.num_action_tokens})")
         embeds, mask = self.prefix(images, instructions)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        out = self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
+                       logits_to_keep=1)
         cache, next_position = out.cache, positions[:, -1:] + 1
         tokens, log_probs = [], []
         embed = self.llm.get_input_embeddings()

@@ -67,7 +67,8 @@ class GRPOConfig:
     steps: Annotated[int, Range(0)] = 40
     rollouts_per_task: Annotated[int, Range(1)] = 64  # per task per step
     grouping: str = "task"  # "task": one group per task; "init_state": one group per (task, init state)
-    init_states_per_step: Annotated[int, Range(1)] = 8  # distinct training init states per task per step (rollouts split evenly)
+    # distinct training init states per task per step (rollouts split evenly)
+    init_states_per_step: Annotated[int, Range(1)] = 8
     temperature: Annotated[float, Range(0)] = 1.0  # the WMRL paper's; peers use 1.5-1.6
     execute_steps: Annotated[int, Range(1)] = 8  # actions per query (the whole VQ chunk)
     max_real_steps: Annotated[int, Range(1)] = 520  # real-simulator step cap after the 10 wait steps
@@ -297,7 +298,8 @@ class GRPOTrainer:
             shard_policy(self.policy, sum_gradients=True)
         self.reference = None
         if g.kl_coef > 0 and not (p.lora and p.freeze_vision):  # else: the model with its adapters disabled
-            self.reference = load_policy(Path(p.checkpoint), device=p.device, dtype=DTYPES[p.dtype]).requires_grad_(False)
+            self.reference = load_policy(Path(p.checkpoint), device=p.device,
+                                         dtype=DTYPES[p.dtype]).requires_grad_(False)
             if self.sharded:  # its forward passes run in the update, in step on every process
                 shard_policy(self.reference)
         self.trainable = [q for q in self.policy.parameters() if q.requires_grad]
@@ -309,8 +311,9 @@ class GRPOTrainer:
         self.world_model = make_scorer(recipe.world_model.name, **options)
         self.wm_trainer = None
         if g.wm_cotrain and isinstance(self.world_model, torch.nn.Module):
-            average = (lambda params: self.dist.sum_gradients([q for q in params if q.requires_grad],
-                                                              1.0 / self.dist.world_size)) if self.dist.enabled else None
+            average = ((lambda params: self.dist.sum_gradients([q for q in params if q.requires_grad],
+                                                               1.0 / self.dist.world_size))
+                       if self.dist.enabled else None)
             self.wm_trainer = WorldModelTrainer(self.world_model, recipe.world_model.train, average)
         self.debiaser = OnlineDebiaser(**asdict(recipe.debias), score_range=SCORE_RANGES[g.wm_reduction])
         if g.reward_mode == "dense_calib" and g.anchor_fraction == 1 and self.dist.is_main:
@@ -348,7 +351,8 @@ class GRPOTrainer:
         for task_id in self.task_ids:
             i = next(k for k, info in enumerate(infos) if info.task_id == task_id)
             chosen = select_rl_init_states(e.rl_init_states, infos[i].num_init_states, e.allow_eval_states, task_id)
-            pools[task_id] = chosen if chosen is not None else vector_training_init_states(self.envs, i, e.train_init_states)
+            pools[task_id] = (chosen if chosen is not None
+                              else vector_training_init_states(self.envs, i, e.train_init_states))
         return pools
 
     # -- 1. rollouts ------------------------------------------------------------------------------------
@@ -368,7 +372,8 @@ class GRPOTrainer:
             if group not in group_slots:
                 continue
             for r in range(per_state):
-                seed = int(np.random.SeedSequence([g.seed, self.step, attempt, task_index, slot, r]).generate_state(1)[0])
+                seed = int(np.random.SeedSequence([g.seed, self.step, attempt, task_index, slot, r])
+                           .generate_state(1)[0])
                 specs.append(PlannedRollout(EpisodeSpec(task_id, pool[states[slot]], seed=seed), group, anchor=False))
         if g.execution == "truncated":
             anchor_rng = np.random.default_rng([g.seed, self.step, attempt, task_index, 5_000_003])
@@ -376,7 +381,8 @@ class GRPOTrainer:
             anchors = np.zeros(len(specs), bool)
             for group in np.unique(groups):  # at least one anchor per group: every group calibrates
                 members = np.flatnonzero(groups == group)
-                anchors[anchor_rng.choice(members, max(1, round(g.anchor_fraction * len(members))), replace=False)] = True
+                anchors[anchor_rng.choice(members, max(1, round(g.anchor_fraction * len(members))),
+                                          replace=False)] = True
             specs = [PlannedRollout(replace(p.spec, horizon=None if anchor else g.wm_horizon), p.group, bool(anchor))
                      for p, anchor in zip(specs, anchors)]
         return specs
@@ -430,7 +436,8 @@ class GRPOTrainer:
         for k, planned in enumerate(todo):
             self.counters["real_episodes"] += 1
             self.counters["real_steps"] += summaries[k].length
-            self.counters["real_steps_full" if planned.spec.horizon is None else "real_steps_horizon"] += summaries[k].length
+            self.counters["real_steps_full" if planned.spec.horizon is None
+                          else "real_steps_horizon"] += summaries[k].length
             self.counters["truncated_episodes"] += int(summaries[k].truncated)
 
     def _anchors(self, groups: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -510,7 +517,8 @@ class GRPOTrainer:
                 rewards = np.where(batch.early, y, rewards)  # ended within the horizon: its real outcome counts
         rewards = np.where(batch.valid, rewards, np.nan)
         if g.shuffle_rewards:
-            rewards = shuffle_within_groups(rewards, batch.groups, np.random.default_rng([g.seed, self.step, 4_000_003]))
+            rewards = shuffle_within_groups(rewards, batch.groups,
+                                            np.random.default_rng([g.seed, self.step, 4_000_003]))
         advantages, graded = group_advantages(rewards, batch.groups, g.scale_std)
         log["debias_fit_failed"] = float(self.debiaser.fit_failed)
         log["denoise_active"] = float(g.reward_mode == "dense_calib" and self.debiaser.calibrated
@@ -646,7 +654,8 @@ class GRPOTrainer:
             "rollouts": len(batch.trajectories), "failures": int((~valid).sum()),
             "anchor_fraction": float(a.sum() / max(valid.sum(), 1)),
             "reward_mean_anchor": float(np.nanmean(rewards[a])) if np.isfinite(rewards[a]).any() else float("nan"),
-            "reward_mean_wm": float(np.nanmean(rewards[valid & ~a])) if np.isfinite(rewards[valid & ~a]).any() else float("nan"),
+            "reward_mean_wm": (float(np.nanmean(rewards[valid & ~a])) if np.isfinite(rewards[valid & ~a]).any()
+                               else float("nan")),
             "wm_score_mean": float(np.nanmean(scores)) if valid.any() else float("nan"),
             **log, "samples": len(samples), **update, "wm_loss": wm_loss,
             "resampled_groups": batch.resampled_groups, "skipped_groups": batch.skipped_groups, **self.counters,

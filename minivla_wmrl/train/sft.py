@@ -63,7 +63,8 @@ class PolicySetup:
     freeze_vision: bool = False
     device: str = "cpu"
     dtype: PolicyDtype = "float32"  # "bfloat16": autocast on CUDA
-    fsdp: bool = False  # under torchrun: shard parameters, gradients and optimiser state (FSDP2), not a copy per process (DDP)
+    # under torchrun: shard parameters, gradients and optimiser state (FSDP2), not a copy per process (DDP)
+    fsdp: bool = False
 
 
 @dataclass
@@ -149,7 +150,8 @@ def gripper_convention(episodes) -> str:
     return conventions.pop()
 
 
-def step_metrics(policy: MiniVLA, batch: dict, autocast, model: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict]:
+def step_metrics(policy: MiniVLA, batch: dict, autocast,
+                 model: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict]:
     """Cross entropy on action + end tokens, action-token accuracy, L1 of the decoded first action.
     `model` is the policy or its DistributedDataParallel wrapper."""
     targets = policy.sft_targets(batch["chunk"])

@@ -32,7 +32,8 @@ class VQTrainConfig:
     batch_size: Annotated[int, Range(1)] = 1024
     lr: Annotated[float, Range(0)] = 1e-3
     weight_decay: Annotated[float, Range(0)] = 1e-4
-    val_fraction: Annotated[float, Range(0, below=1)] = 0.1  # fraction of episodes held out for the reconstruction error
+    # fraction of episodes held out for the reconstruction error
+    val_fraction: Annotated[float, Range(0, below=1)] = 0.1
     seed: int = 0
     device: str = "cpu"
 
@@ -55,7 +56,8 @@ def train_action_tokenizer(train_chunks: np.ndarray, val_chunks: np.ndarray | No
     torch.manual_seed(train.seed)
     tokenizer = ActionTokenizer(config).to(train.device)
     train_t = torch.as_tensor(train_chunks, dtype=torch.float32, device=train.device)
-    val_t = torch.as_tensor(val_chunks, dtype=torch.float32, device=train.device) if val_chunks is not None and len(val_chunks) else None
+    val_t = (torch.as_tensor(val_chunks, dtype=torch.float32, device=train.device)
+             if val_chunks is not None and len(val_chunks) else None)
     optimizer = torch.optim.Adam([p for p in tokenizer.parameters() if p.requires_grad], lr=train.lr,
                                  weight_decay=train.weight_decay)
     generator = torch.Generator(device="cpu").manual_seed(train.seed)
@@ -87,10 +89,12 @@ def run_vq(paths: list[str], out: Path, train_config: VQTrainConfig, chunk_len: 
     episodes = [e.actions for e in read_episodes(paths, chunk_len, image_key=None)]
     config = ActionTokenizerConfig(chunk_len=chunk_len, action_dim=episodes[0].shape[1])
     train_ids, val_ids = split_episodes(len(episodes), train_config.val_fraction, train_config.seed)
-    stats = ActionStatistics.from_actions(np.concatenate([episodes[i] for i in train_ids]), num_trajectories=len(train_ids))
+    stats = ActionStatistics.from_actions(np.concatenate([episodes[i] for i in train_ids]),
+                                          num_trajectories=len(train_ids))
 
     def chunks(ids):
-        return np.concatenate([episode_chunks(stats.normalize(episodes[i]), config.chunk_len) for i in ids]) if len(ids) else None
+        return (np.concatenate([episode_chunks(stats.normalize(episodes[i]), config.chunk_len) for i in ids])
+                if len(ids) else None)
 
     out = output_directory(Path(out))
     with open(out / "vq_metrics.jsonl", "w") as metrics:

@@ -54,7 +54,8 @@ class WMTrainConfig:
     # or "final" (every trajectory cut, labelled with its final real outcome: P(success | prefix), what
     # truncated GRPO execution needs)
     prefix_target: str = "reached"
-    eval_prefixes: list[int] = field(default_factory=list)  # also report held-out AUROC on prefixes of these many frames
+    # also report held-out AUROC on prefixes of these many frames
+    eval_prefixes: list[int] = field(default_factory=list)
     failed_progress: str = "zero"  # "zero": failed rollouts' progress target is 0; "none": no progress loss on them
     progress_weight: float = 1.0
     success_weight: float = 1.0
@@ -187,7 +188,8 @@ class WorldModelTrainer:
         potential = prediction.progress[:, -3:].mean(1) - prediction.progress[:, :3].mean(1)
         prefixes = {}
         for n in self.config.eval_prefixes:  # the final outcome predicted from the first n frames
-            cut = self.model.predict_trajectories([t.frames[:n] for t in trajectories], [t.instruction for t in trajectories])
+            cut = self.model.predict_trajectories([t.frames[:n] for t in trajectories],
+                                                  [t.instruction for t in trajectories])
             prefixes[f"prefix{n}_success_auroc"] = auroc(cut.success, labels)
         return {"success_auroc": auroc(prediction.success, labels), "potential_auroc": auroc(potential, labels),
                 "progress_spearman": float(np.mean(correlations)) if correlations else float("nan"),
@@ -296,9 +298,12 @@ def main(args) -> None:
     recipe = load_recipe(WMRecipe, Path(args.recipe), args.overrides)
     result = train_world_model(recipe)
     last = result["last"]
-    print(f"world model: {result['world_model']} ({result['train']} train / {result['held_out']} held-out trajectories)")
+    print(f"world model: {result['world_model']} "
+          f"({result['train']} train / {result['held_out']} held-out trajectories)")
     if "val_success_auroc" in last:
-        print(f"held-out success AUROC {last['val_success_auroc']:.3f}, potential AUROC {last['val_potential_auroc']:.3f}, "
-              f"progress Spearman {last['val_progress_spearman']:.3f}, calibration error {last['val_calibration_error']:.3f}")
+        print(f"held-out success AUROC {last['val_success_auroc']:.3f}, "
+              f"potential AUROC {last['val_potential_auroc']:.3f}, "
+              f"progress Spearman {last['val_progress_spearman']:.3f}, "
+              f"calibration error {last['val_calibration_error']:.3f}")
         for n in recipe.train.eval_prefixes:
             print(f"held-out success AUROC from the first {n} frames: {last[f'val_prefix{n}_success_auroc']:.3f}")

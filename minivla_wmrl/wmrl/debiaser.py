@@ -71,8 +71,9 @@ class OnlineDebiaser:
     def __init__(self, bins: int = 10, min_pairs: int = 200, refit_every: int = 64, capacity: int = 5000,
                  fit_fallback: str = "identity", score_range: tuple[float, float] = (0.0, 1.0)):
         if bins < 2 or min_pairs < 1 or refit_every < 1 or capacity < min_pairs:
-            raise ValueError(f"need bins >= 2, min_pairs >= 1, refit_every >= 1, capacity >= min_pairs; got bins={bins}, "
-                             f"min_pairs={min_pairs}, refit_every={refit_every}, capacity={capacity}")
+            raise ValueError("need bins >= 2, min_pairs >= 1, refit_every >= 1, capacity >= min_pairs; "
+                             f"got bins={bins}, min_pairs={min_pairs}, refit_every={refit_every}, "
+                             f"capacity={capacity}")
         if fit_fallback not in FIT_FALLBACKS:
             raise ValueError(f"fit_fallback {fit_fallback!r} is unknown; expected one of {FIT_FALLBACKS}")
         if not score_range[0] < score_range[1]:
