@@ -158,7 +158,7 @@ def test_real_step_budget_ends_the_run_at_the_step_that_reaches_it(envs, checkpo
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000002"]  # saved where it stopped
     again = train_grpo(budget, envs=envs, progress=False)  # a re-run resumes, finds the budget spent, does nothing
     assert [r["step"] for r in again["history"]] == [1, 2]
-    with pytest.raises(ValueError, match="real_step_budget must be >= 0"):
+    with pytest.raises(ValueError, match="real_step_budget: -1 is out of range; expected >= 0"):
         train_grpo(recipe(checkpoints, tmp_path / "bad", real_step_budget=-1), envs=envs, progress=False)
 
 
@@ -167,7 +167,7 @@ def nan_world_model(frames, instructions):
 
 
 def test_bad_settings_and_a_nan_world_model_are_refused(envs, checkpoints, tmp_path):
-    with pytest.raises(ValueError, match="reward_mode 'dense' is unknown"):
+    with pytest.raises(ValueError, match="reward_mode: 'dense' is not one of"):
         train_grpo(recipe(checkpoints, tmp_path / "a", reward_mode="dense"), envs=envs, progress=False)
     for fraction in (0.0, 1.5):
         with pytest.raises(ValueError, match="anchor_fraction must lie in \\(0, 1\\]"):
@@ -308,7 +308,7 @@ def test_truncated_settings_are_checked(envs, checkpoints, tmp_path):
     for extra, message in (({"reward_mode": "sparse"}, "needs reward_mode dense_calib"),
                            ({"anchor_fraction": 1.0}, "anchor_fraction < 1"),
                            ({"wm_horizon": EPISODE_STEPS}, "wm_horizon must lie in \\[1, max_real_steps 16\\)"),
-                           ({"execution": "partial"}, "execution must be 'full' or 'truncated'")):
+                           ({"execution": "partial"}, "execution: 'partial' is not one of \\['full', 'truncated'\\]")):
         bad = truncated(checkpoints, tmp_path / "bad")
         for key, value in extra.items():
             setattr(bad.grpo, key, value)

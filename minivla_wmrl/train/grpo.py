@@ -32,7 +32,8 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Annotated, NamedTuple
+import typing
+from typing import Annotated, Literal, NamedTuple
 from pathlib import Path
 
 import numpy as np
@@ -58,34 +59,35 @@ from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_
 from world_models.registry import make_scorer
 from world_models.scorer import SCORE_RANGES
 
-REWARD_MODES = ("sparse", "dense_raw", "dense_calib", "sparse_scarce")
-ANCHOR_REWARDS = ("calib", "sparse", "mix")
+RewardMode = Literal["sparse", "dense_raw", "dense_calib", "sparse_scarce"]
+REWARD_MODES = typing.get_args(RewardMode)
 
 
 @dataclass
 class GRPOConfig:
     steps: Annotated[int, Range(0)] = 40
     rollouts_per_task: Annotated[int, Range(1)] = 64  # per task per step
-    grouping: str = "task"  # "task": one group per task; "init_state": one group per (task, init state)
+    grouping: Literal["task", "init_state"] = "task"  # one group per task, or per (task, init state)
     # distinct training init states per task per step (rollouts split evenly)
     init_states_per_step: Annotated[int, Range(1)] = 8
     temperature: Annotated[float, Range(0)] = 1.0  # the WMRL paper's; peers use 1.5-1.6
     execute_steps: Annotated[int, Range(1)] = 8  # actions per query (the whole VQ chunk)
     max_real_steps: Annotated[int, Range(1)] = 520  # real-simulator step cap after the 10 wait steps
-    execution: str = "full"  # "full": every rollout runs to success or the cap; "truncated": only anchors do
+    # "full": every rollout runs to success or the cap; "truncated": only anchors do
+    execution: Literal["full", "truncated"] = "full"
     wm_horizon: int = 200  # truncated: real steps a non-anchor runs; the world model scores the rest
-    reward_mode: str = "dense_calib"
+    reward_mode: RewardMode = "dense_calib"
     anchor_fraction: float = 1.0  # anchors per group = round(fraction × size); < 1 for denoising to act
     min_anchors: int = 2  # per step at least this many anchors (added at random)
-    anchor_reward: str = "calib"  # dense_calib anchors: calib f(x) | sparse y | mix (2y + f(x)) / 3
+    anchor_reward: Literal["calib", "sparse", "mix"] = "calib"  # dense_calib anchors: f(x) | y | (2y + f(x)) / 3
     wm_reduction: str = "potential"  # potential (in [-1, 1]) | final | max | success (in [0, 1])
     shuffle_rewards: bool = False  # control arm: permute rewards within each group (must not learn)
     scale_std: bool = True  # A = (r − mean) / (std + 1e-4); False: r − mean
     clip_eps: float = 0.2
     clip_eps_high: float = 0.28
-    inner_epochs: int = 1  # with one epoch ρ = 1 and the clip never binds; use >= 2 for it to matter
-    minibatch_size: int = 32  # queries per optimiser step
-    queries_per_rollout: int = 12  # sampled queries per rollout in the loss
+    inner_epochs: Annotated[int, Range(1)] = 1  # with one epoch ρ = 1 and the clip never binds; use >= 2
+    minibatch_size: Annotated[int, Range(1)] = 32  # queries per optimiser step
+    queries_per_rollout: Annotated[int, Range(1)] = 12  # sampled queries per rollout in the loss
     kl_coef: float = 0.0  # KL to the starting policy (k3 estimator); the paper config has 0.04
     entropy_coef: float = 0.0
     lr: Annotated[float, Range(0)] = 1e-4
@@ -93,11 +95,11 @@ class GRPOConfig:
     grad_clip: Annotated[float, Range(0)] = 1.0
     dynamic_sampling: bool = False
     success_band: list[float] = field(default_factory=lambda: [0.1, 0.9])  # keep groups with rate in [lo, hi]
-    max_resample: int = 2  # re-sampling attempts per step for out-of-band groups; then they are skipped
+    max_resample: Annotated[int, Range(0)] = 2  # re-sampling attempts per step for out-of-band groups, then skipped
     wm_cotrain: bool = True  # update a trainable world model on the anchors' real labels
     wm_update_steps: int = 4
     save_every: Annotated[int, Range(1)] = 5
-    real_step_budget: int = 0  # > 0: stop after the step at which cumulative real-simulator steps reach it
+    real_step_budget: Annotated[int, Range(0)] = 0  # > 0: stop after the step at which real steps reach it
     seed: int = 0
 
 
@@ -171,14 +173,8 @@ class GRPORecipe:
 def validate(recipe: GRPORecipe) -> None:
     check_config(recipe, "grpo recipe")
     g = recipe.grpo
-    if g.reward_mode not in REWARD_MODES:
-        raise ValueError(f"grpo.reward_mode {g.reward_mode!r} is unknown; expected one of {REWARD_MODES}")
-    if g.anchor_reward not in ANCHOR_REWARDS:
-        raise ValueError(f"grpo.anchor_reward {g.anchor_reward!r} is unknown; expected one of {ANCHOR_REWARDS}")
     if not 0 < g.anchor_fraction <= 1:
         raise ValueError(f"grpo.anchor_fraction must lie in (0, 1], got {g.anchor_fraction}")
-    if g.grouping not in ("task", "init_state"):
-        raise ValueError(f"grpo.grouping must be 'task' or 'init_state', got {g.grouping!r}")
     if g.rollouts_per_task % g.init_states_per_step:
         raise ValueError(f"grpo.rollouts_per_task {g.rollouts_per_task} is not a multiple of init_states_per_step "
                          f"{g.init_states_per_step}")
@@ -188,8 +184,6 @@ def validate(recipe: GRPORecipe) -> None:
                          "or lower init_states_per_step)")
     if len(g.success_band) != 2 or not 0 <= g.success_band[0] <= g.success_band[1] <= 1:
         raise ValueError(f"grpo.success_band must be [lo, hi] with 0 <= lo <= hi <= 1, got {g.success_band}")
-    if g.execution not in ("full", "truncated"):
-        raise ValueError(f"grpo.execution must be 'full' or 'truncated', got {g.execution!r}")
     if g.execution == "truncated":
         if g.reward_mode != "dense_calib" or g.anchor_fraction >= 1 or g.dynamic_sampling:
             raise ValueError("grpo.execution 'truncated' needs reward_mode dense_calib (the world model scores the cut "
@@ -198,10 +192,6 @@ def validate(recipe: GRPORecipe) -> None:
                              f"{g.dynamic_sampling}")
         if not 1 <= g.wm_horizon < g.max_real_steps:
             raise ValueError(f"grpo.wm_horizon must lie in [1, max_real_steps {g.max_real_steps}), got {g.wm_horizon}")
-    if g.real_step_budget < 0:
-        raise ValueError(f"grpo.real_step_budget must be >= 0 (0: no budget), got {g.real_step_budget}")
-    if g.inner_epochs < 1 or g.minibatch_size < 1 or g.queries_per_rollout < 1 or g.max_resample < 0:
-        raise ValueError("grpo.inner_epochs, minibatch_size and queries_per_rollout must be >= 1, max_resample >= 0")
     if not recipe.policy.checkpoint:
         raise ValueError("policy.checkpoint is empty; GRPO starts from an SFT checkpoint (minivla-wmrl sft)")
 
