@@ -96,7 +96,8 @@ def atomic_file(path: Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+    # the temporary keeps the extension: writers that pick a format from it (imageio) work on it
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=f".tmp{path.suffix}")
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())
     try:

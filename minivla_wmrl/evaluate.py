@@ -26,7 +26,7 @@ import torch
 
 from envs.factory import GYM, env_factory, env_pool
 from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, resolve_task
-from minivla_wmrl.atomic import output_directory
+from minivla_wmrl.atomic import atomic_file, output_directory
 from minivla_wmrl.config import Range, check_config
 from minivla_wmrl.init_states import evaluation_init_states
 from minivla_wmrl.policy.checkpoint import load_policy
@@ -141,9 +141,8 @@ def _wants_video(config: EvalConfig, success: bool, videos_so_far: int) -> bool:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
 
 
 def success_rates(episodes: list[dict], samples_per_state: int) -> dict:

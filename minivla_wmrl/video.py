@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from minivla_wmrl.atomic import atomic_file
 
 BANNER = 18  # pixels
 
@@ -29,14 +30,10 @@ def write_episode_video(path: Path, frames: list[np.ndarray], steps: list[int], 
     if not frames:
         raise ValueError(f"no frames to write to {path}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     verdict = "SUCCESS" if success else "FAILURE"
-    try:
-        with imageio.get_writer(tmp, fps=fps, codec="libx264", macro_block_size=1, ffmpeg_log_level="error") as writer:
+    with atomic_file(path) as tmp:
+        with imageio.get_writer(tmp, fps=fps, codec="libx264", macro_block_size=1,
+                                ffmpeg_log_level="error") as writer:
             for frame, step in zip(frames, steps):
                 writer.append_data(overlay(frame, f"{title}  step {step}  {verdict}", success))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
