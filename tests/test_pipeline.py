@@ -13,9 +13,24 @@ PIPELINE_RECIPES = [r for r in RECIPES if not r.name.startswith("sft_")]
 
 @pytest.mark.parametrize("recipe", PIPELINE_RECIPES, ids=lambda p: p.stem)
 def test_every_recipe_passes_a_dry_run(recipe, capsys):
+    from envs.libero_env import get_suite
+    from minivla_wmrl.config import load_recipe
+    from minivla_wmrl.pipeline import PipelineRecipe, dry_run
+    from minivla_wmrl.policy.config import preset
+    from minivla_wmrl.policy.info import parameter_counts
+
     assert cli(["run", str(recipe), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "valid" in out and "built on meta" in out
+    loaded = load_recipe(PipelineRecipe, recipe)
+    tasks = get_suite(loaded.suite).n_tasks if loaded.tasks == ["all"] else len(loaded.tasks)
+    report = dry_run(loaded)
+    assert report["suite"] == loaded.suite and len(report["tasks"]) == tasks
+    assert report["policy_parameters"] == parameter_counts(preset(loaded.sft.policy.preset))["total"]
+    assert report["action_tokenizer_parameters"] > 0 and report["world_model_parameters"] > 0
+    assert (f"{recipe}: valid. {loaded.suite}, {tasks} task(s); policy {report['policy_parameters'] / 1e6:.1f} M"
+            in out)
+    for item in report["inputs"]:
+        assert (f"MISSING {item['name']}: " in out) == (not item["exists"]), item["name"]
 
 
 def test_suite_recipes_cover_every_suite_with_the_product_setting():
