@@ -10,7 +10,7 @@ from minivla_wmrl.cli import main as cli
 
 
 @pytest.mark.simulator
-def test_bench_env_writes_the_three_timings(tmp_path):
+def test_bench_env_writes_the_three_timings_and_the_worker_memory(tmp_path):
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "env", "--suite", "libero_90",
                            "--task", "0", "--steps", "16", "--chunk", "8", "--repeats", "1", "--json", str(out)],
@@ -21,6 +21,7 @@ def test_bench_env_writes_the_three_timings(tmp_path):
     assert result["speedup"] == result["naive_s"] / result["engine_s"]
     assert all(result[k] > 0 for k in ("naive_s", "engine_s", "floor_s"))
     assert "| naive " in done.stdout and "speedup (naive / engine)" in done.stdout
+    assert 0 < result["worker_private_mb"] <= result["worker_rss_mb"] and "one env worker: " in done.stdout
 
 
 def test_unknown_suite_is_a_clean_error():
