@@ -22,6 +22,7 @@ def test_bench_env_writes_the_three_timings_and_the_worker_memory(tmp_path):
     assert all(result[k] > 0 for k in ("naive_s", "engine_s", "floor_s"))
     assert "| naive " in done.stdout and "speedup (naive / engine)" in done.stdout
     assert 0 < result["worker_private_mb"] <= result["worker_rss_mb"] and "one env worker: " in done.stdout
+    assert result["worker_has_torch"] is False  # LIBERO's benchmark module is imported without it
 
 
 def test_unknown_suite_is_a_clean_error():
