@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 import torch
 
 from envs.factory import GYM, env_factory, env_pool
-from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, resolve_task
+from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, read_init_states, resolve_task
 from minivla_wmrl.atomic import atomic_file, output_directory
 from minivla_wmrl.config import Range, check_config, command_line_parser, config_from_dict
 from minivla_wmrl.init_states import evaluation_init_states
@@ -240,7 +240,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
             raise ValueError(f"tasks {config.tasks} name the same task more than once ({tasks}); "
                              "each task is evaluated once")
         names = {t: (bench.get_task(t).name, bench.get_task(t).language) for t in tasks}
-        trial_ids = {task: evaluation_init_states(config.trials, len(bench.get_task_init_states(task)),
+        trial_ids = {task: evaluation_init_states(config.trials, len(read_init_states(bench, task)),
                                                   config.first_trial) for task in tasks}
         action_dim = LiberoEnv.action_dim
     policy = load_policy(Path(config.checkpoint), device=config.device, dtype=DTYPES[config.dtype])
