@@ -8,7 +8,7 @@ of actions costs physics only, plus one render at its end.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -47,21 +47,26 @@ class StepResult:
     failure: str | None = None
 
 
-class RobotEnv(ABC):
-    """A robot environment behind the project's interface.
+@dataclass
+class EnvInfo:
+    """What describes an env, set as attributes by every `RobotEnv` implementation and sent as this
+    record from worker processes."""
 
-    Attributes set by implementations: `task_id` (unique per task, e.g. "libero_90/0"),
-    `instruction`, `action_dim`, `max_steps` (the episode cap after the wait steps),
-    `num_init_states` (None when init states are generated from seeds), `cameras` (the camera
-    names rendered into observations).
-    """
-
-    task_id: str
+    task_id: str  # unique per task, e.g. "libero_90/0"
     instruction: str
     action_dim: int
-    max_steps: int
-    num_init_states: int | None
-    cameras: tuple[str, ...]
+    max_steps: int  # the episode cap after the wait steps
+    num_init_states: int | None  # None when init states are generated from seeds
+    cameras: tuple[str, ...]  # the camera names rendered into observations
+
+    @classmethod
+    def of(cls, env: RobotEnv) -> EnvInfo:
+        return cls(**{f.name: getattr(env, f.name) for f in fields(cls)})
+
+
+class RobotEnv(ABC):
+    """A robot environment behind the project's interface. Implementations set the attributes
+    that `EnvInfo` lists (task_id, instruction, action_dim, max_steps, num_init_states, cameras)."""
 
     def __init__(self) -> None:
         self._begin_episode()

@@ -9,7 +9,12 @@ frame pixel-identical to the always-render frame of the same step.
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
+import sys
+import types
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,13 +49,68 @@ IMAGE_CONVENTIONS = {
 }
 
 
+class _NumpyArrayUnpickler(pickle.Unpickler):
+    """Unpickles a numpy array and nothing else."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a numpy array")
+        return super().find_class(module, name)
+
+
+def read_init_states(bench, task_index: int) -> np.ndarray:
+    """A task's published init states. LIBERO stores them with `torch.save` of a numpy array (a zip
+    holding one pickle); reading that pickle directly gives the same array without torch, which
+    would otherwise be the only reason an env worker loads it (~0.5 GB resident)."""
+    from libero.libero import get_libero_path
+
+    task = bench.get_task(task_index)
+    path = os.path.join(get_libero_path("init_states"), task.problem_folder, task.init_states_file)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            (name,) = [n for n in archive.namelist() if n.endswith("data.pkl")]
+            states = _NumpyArrayUnpickler(io.BytesIO(archive.read(name))).load()
+    except (OSError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError) as error:
+        raise ValueError(f"LIBERO init states {path} cannot be read ({error})") from None
+    if not isinstance(states, np.ndarray) or states.ndim != 2:
+        raise ValueError(f"LIBERO init states {path}: expected a 2-d array, got {type(states).__name__}")
+    return states
+
+
+class _TorchOnDemand(types.ModuleType):
+    """Stands in for torch inside LIBERO's benchmark module: the real torch is imported on the first
+    attribute the module uses (it uses none of ours: see `read_init_states`)."""
+
+    def __getattr__(self, name: str):
+        import torch
+
+        return getattr(torch, name)
+
+
+def _import_benchmark():
+    """LIBERO's benchmark module, imported without loading torch when torch is not loaded yet:
+    its `import torch` (for `torch.load` of init states only) would put ~0.5 GB of torch into
+    every env worker. A placeholder answers that import and is removed right after."""
+    if "torch" in sys.modules or "libero.libero.benchmark" in sys.modules:
+        from libero.libero import benchmark
+
+        return benchmark
+    sys.modules["torch"] = _TorchOnDemand("torch")
+    try:
+        from libero.libero import benchmark
+    finally:
+        del sys.modules["torch"]
+    return benchmark
+
+
 def get_suite(suite: str):
     if suite not in SUITES:
         raise ValueError(f"unknown LIBERO suite {suite!r}; expected one of {', '.join(SUITES)}")
     configure_libero()
-    from libero.libero import benchmark
-
-    return benchmark.get_benchmark_dict()[suite]()
+    return _import_benchmark().get_benchmark_dict()[suite]()
 
 
 def resolve_task(bench, task: int | str) -> int:
@@ -110,7 +170,7 @@ class LiberoEnv(RobotEnv):
         self.suite, self.task_index = suite, resolve_task(bench, task)
         self.task = bench.get_task(self.task_index)
         self.task_id = f"{suite}/{self.task_index}"
-        self.init_states = bench.get_task_init_states(self.task_index)
+        self.init_states = read_init_states(bench, self.task_index)
         self.num_init_states = len(self.init_states)
         self.instruction = self.task.language
         self.cameras = tuple(cameras)

@@ -86,29 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_command(commands, "sft", "supervised fine-tuning of the policy on demonstrations",
                         "data, policy, vq, sft; plus out, resume", "sft.lr=1e-4", "minivla_wmrl.train.sft")
 
-    evaluation = commands.add_parser("eval", help="evaluate a checkpoint with the standard LIBERO protocol")
-    evaluation.add_argument("--checkpoint", required=True, help="policy checkpoint directory")
-    evaluation.add_argument("--suite", required=True)
-    evaluation.add_argument("--tasks", nargs="*", help="task indices or names (default: every task of the suite)")
-    evaluation.add_argument("--trials", type=int, default=50, help="trials per task; trial i uses init state i")
-    evaluation.add_argument("--first-trial", type=int, default=0)
-    evaluation.add_argument("--out", default="runs/eval")
-    evaluation.add_argument("--envs", type=int, default=2, help="parallel simulator workers")
-    evaluation.add_argument("--execute-steps", type=int, default=1,
-                            help="actions per query: 1 = MiniVLA protocol, 8 = OpenVLA-OFT")
-    evaluation.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the protocol)")
-    evaluation.add_argument("--samples-per-state", type=int, default=1,
-                            help="K > 1 (with --temperature > 0): each init state K times; reports avg, best@K, all@K")
-    evaluation.add_argument("--seed", type=int, default=0)
-    evaluation.add_argument("--max-steps", type=int, help="override the suite's protocol step cap")
-    evaluation.add_argument("--image-convention", default="minivla", choices=["minivla", "openvla"])
-    evaluation.add_argument("--videos", default="all", choices=["all", "failures", "successes", "none"])
-    evaluation.add_argument("--videos-per-task", type=int, help="keep at most this many videos per task")
-    evaluation.add_argument("--device", default="cpu")
-    evaluation.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    evaluation.add_argument("--backend", default="local", choices=["local", "ray"], help="simulator workers")
-    evaluation.add_argument("--ray-address", help="Ray cluster address (default: start a local Ray instance)")
-    evaluation.set_defaults(run=_main_of("minivla_wmrl.evaluate"))
+    # its flags are the fields of evaluate.EvalConfig, parsed there (`minivla-wmrl eval --help`)
+    evaluation = commands.add_parser("eval", help="evaluate a checkpoint with the standard LIBERO protocol",
+                                     add_help=False)
+    evaluation.set_defaults(run=_main_of("minivla_wmrl.evaluate"), takes_options=True)
 
     comparison = commands.add_parser("compare", help="paired comparison of evaluations (the first against each other)")
     comparison.add_argument("evaluations", nargs="+", help="evaluation directories written by eval (2 or more)")
@@ -188,7 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, options = parser.parse_known_args(argv)
+    if options and not getattr(args, "takes_options", False):
+        parser.error(f"unrecognized arguments: {' '.join(options)}")
+    args.options = options  # a command that declares its flags in its config dataclass parses them itself
     try:
         args.run(args)
     except (ValueError, RuntimeError, FileNotFoundError, NotADirectoryError, ImportError) as error:

@@ -137,6 +137,43 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
     return value
 
 
+def command_line_parser(cls: type, prog: str, description: str):
+    """An argparse parser whose flags are the fields of the config dataclass `cls`: `--first-trial`
+    for `first_trial`, the type, choices and default from the declaration, the help from the
+    field's `metadata["help"]`; fields without a default are required, `metadata["cli"] = False`
+    keeps a field off the command line. `config_from_dict(cls, vars(parsed), ...)` then checks
+    ranges as for a recipe. argparse does the parsing; this only reads the declaration."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("cli", True):
+            continue
+        hint, ranges = _constraints(hints[f.name])
+        options = [o for o in typing.get_args(hint) if o is not type(None)] if typing.get_origin(hint) in (
+            typing.Union, types.UnionType) else [hint]
+        kind = options[0]
+        kwargs: dict[str, Any] = {"help": " ".join(filter(None, [f.metadata.get("help"), *(
+            f"({r})" for r in ranges)])) or None}
+        if typing.get_origin(kind) is typing.Literal:
+            kwargs.update(choices=list(typing.get_args(kind)), type=type(typing.get_args(kind)[0]))
+        elif typing.get_origin(kind) is list:
+            kwargs.update(nargs="*", type=typing.get_args(kind)[0])
+        elif kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = kind
+        if f.default is not dataclasses.MISSING:
+            kwargs["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            kwargs["default"] = f.default_factory()
+        else:
+            kwargs["required"] = True
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, **kwargs)
+    return parser
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply `section.key=value` strings to a nested dict. Values are parsed as YAML (numbers,
     booleans, lists), except that `#` never starts a comment: `out=runs/exp #2` is the string

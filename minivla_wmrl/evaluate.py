@@ -20,14 +20,14 @@ import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 
 from envs.factory import GYM, env_factory, env_pool
-from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, resolve_task
+from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, read_init_states, resolve_task
 from minivla_wmrl.atomic import atomic_file, output_directory
-from minivla_wmrl.config import Range, check_config
+from minivla_wmrl.config import Range, check_config, command_line_parser, config_from_dict
 from minivla_wmrl.init_states import evaluation_init_states
 from minivla_wmrl.policy.checkpoint import load_policy
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
@@ -35,33 +35,57 @@ from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Traj
 from minivla_wmrl.statistics import rate
 from minivla_wmrl.video import write_episode_video
 
-VIDEO_CHOICES = ("all", "failures", "successes", "none")
 CONTROL_HZ = 20
 SAMPLE_SEED_STRIDE = 1_000_000  # sample k of trial i samples with episode seed i + k × stride (k = 0: seed i)
 
 
-@dataclass
-class EvalConfig:
-    checkpoint: str
-    suite: str
-    out: str
-    tasks: list[str] = field(default_factory=list)  # indices or names; empty: every task of the suite
-    trials: int = 50  # per task; trial i uses init state i
-    first_trial: int = 0  # run trials first_trial .. first_trial + trials - 1 (e.g. states a policy did not train on)
-    envs: Annotated[int, Range(1)] = 2  # parallel simulator workers (~2.4 GB RAM each)
-    execute_steps: Annotated[int, Range(1)] = 1  # 1: MiniVLA's protocol (re-query every step); 8: OpenVLA-OFT's
-    temperature: Annotated[float, Range(0)] = 0.0  # 0: greedy, the protocol's
-    samples_per_state: int = 1  # K > 1 (needs temperature > 0): WMRL's avg / best@K / all@K protocol
-    seed: int = 0  # fixture placement seed (the protocol's env.seed(0)) and sampling seed
-    max_steps: Annotated[int | None, Range(1)] = None  # None: the suite's protocol cap
-    image_convention: str = "minivla"  # must match the checkpoint's training data
-    videos: str = "all"  # all | failures | successes | none
-    videos_per_task: Annotated[int | None, Range(0)] = None  # keep at most this many videos per task (the first trials)
-    device: str = "cpu"
-    dtype: PolicyDtype = "float32"
-    gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
-    backend: str = "local"  # simulator workers: "local" processes or "ray" actors
-    ray_address: str | None = None
+def _help(text: str, **more) -> dict:
+    return {"help": text, **more}
+
+
+@dataclass(kw_only=True)
+class EvalProtocol:
+    """How each checkpoint is evaluated: the part of the settings a pipeline recipe's `eval:` section
+    shares with `minivla-wmrl eval` (which adds the checkpoint, suite and output)."""
+
+    trials: Annotated[int, Range(1)] = field(default=50, metadata=_help("trials per task; trial i uses init state i"))
+    first_trial: Annotated[int, Range(0)] = field(default=0, metadata=_help(
+        "run trials first_trial .. first_trial + trials - 1 (e.g. init states a policy did not train on)"))
+    envs: Annotated[int, Range(1)] = field(default=2, metadata=_help("parallel simulator workers (~2.4 GB RAM each)"))
+    execute_steps: Annotated[int, Range(1)] = field(default=1, metadata=_help(
+        "actions executed per query: 1 = MiniVLA's protocol (re-query every step), 8 = OpenVLA-OFT's"))
+    temperature: Annotated[float, Range(0)] = field(default=0.0, metadata=_help("0 = greedy (the protocol's)"))
+    samples_per_state: Annotated[int, Range(1)] = field(default=1, metadata=_help(
+        "K > 1 (with temperature > 0): each init state K times; reports avg, best@K and all@K (WMRL's protocol)"))
+    seed: int = field(default=0, metadata=_help(
+        "fixture placement seed (the protocol's env.seed(0)) and sampling seed"))
+    max_steps: Annotated[int | None, Range(1)] = field(default=None, metadata=_help(
+        "episode step cap (default: the suite's protocol cap)"))
+    videos: Literal["all", "failures", "successes", "none"] = field(default="all", metadata=_help(
+        "which episodes get a video"))
+    videos_per_task: Annotated[int | None, Range(0)] = field(default=None, metadata=_help(
+        "keep at most this many videos per task (the first trials)"))
+    dtype: PolicyDtype = field(default="float32", metadata=_help("policy weights and compute dtype"))
+    backend: Literal["local", "ray", "inline"] = field(default="local", metadata=_help(
+        "simulator workers: local processes, Ray actors, or inline (in this process, for cheap envs)"))
+    ray_address: str | None = field(default=None, metadata=_help(
+        "Ray cluster address (default: start a local Ray instance)"))
+
+
+@dataclass(kw_only=True)
+class EvalConfig(EvalProtocol):
+    """`minivla-wmrl eval`: its command-line flags are these fields (`config.command_line_parser`)."""
+
+    checkpoint: str = field(metadata=_help("policy checkpoint directory"))
+    suite: str = field(metadata=_help("a LIBERO suite (libero_90, libero_10, ...) or gym"))
+    out: str = field(default="runs/eval", metadata=_help("output directory"))
+    tasks: list[str] = field(default_factory=list, metadata=_help(
+        "task indices or names (default: every task of the suite)"))
+    image_convention: Literal["minivla", "openvla"] = field(default="minivla", metadata=_help(
+        "image orientation and size; must match the checkpoint's training data"))
+    device: str = field(default="cpu", metadata=_help("torch device"))
+    # suite gym: GymRobotEnv options (instruction, resolution, ...); set by recipes, not flags
+    gym: dict = field(default_factory=dict, metadata={"cli": False})
 
 
 def checkpoint_hash(directory: Path) -> str:
@@ -198,15 +222,10 @@ def markdown_table(info: dict) -> str:
 
 
 def evaluate(config: EvalConfig, progress: bool = True) -> dict:
-    if config.videos not in VIDEO_CHOICES:
-        raise ValueError(f"videos must be one of {VIDEO_CHOICES}, got {config.videos!r}")
-    if config.samples_per_state < 1 or (config.samples_per_state > 1 and config.temperature <= 0):
+    check_config(config, "eval settings")  # before anything is written: a refused evaluation leaves no trace
+    if config.samples_per_state > 1 and config.temperature <= 0:
         raise ValueError(f"samples_per_state {config.samples_per_state}: expected 1, or K > 1 with a temperature > 0 "
                          "(greedy samples would all be the same episode)")
-    if config.image_convention not in IMAGE_CONVENTIONS:
-        raise ValueError(f"unknown image_convention {config.image_convention!r}; "
-                         f"expected one of {list(IMAGE_CONVENTIONS)}")
-    check_config(config, "eval settings")  # before anything is written: a refused evaluation leaves no trace
     output_directory(Path(config.out), create=False)
     if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
         if not config.tasks:
@@ -221,7 +240,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
             raise ValueError(f"tasks {config.tasks} name the same task more than once ({tasks}); "
                              "each task is evaluated once")
         names = {t: (bench.get_task(t).name, bench.get_task(t).language) for t in tasks}
-        trial_ids = {task: evaluation_init_states(config.trials, len(bench.get_task_init_states(task)),
+        trial_ids = {task: evaluation_init_states(config.trials, len(read_init_states(bench, task)),
                                                   config.first_trial) for task in tasks}
         action_dim = LiberoEnv.action_dim
     policy = load_policy(Path(config.checkpoint), device=config.device, dtype=DTYPES[config.dtype])
@@ -294,14 +313,9 @@ def _episode_video(path: Path, trajectory: Trajectory, title: str, execute_steps
 
 
 def main(args) -> None:
-    config = EvalConfig(checkpoint=args.checkpoint, suite=args.suite, out=args.out, tasks=args.tasks or [],
-                        trials=args.trials, first_trial=args.first_trial, envs=args.envs,
-                        execute_steps=args.execute_steps,
-                        temperature=args.temperature, samples_per_state=args.samples_per_state, seed=args.seed,
-                        max_steps=args.max_steps,
-                        image_convention=args.image_convention, videos=args.videos,
-                        videos_per_task=args.videos_per_task, device=args.device, dtype=args.dtype,
-                        backend=args.backend, ray_address=args.ray_address)
+    parser = command_line_parser(EvalConfig, "minivla-wmrl eval",
+                                 "Evaluate a policy checkpoint with the standard LIBERO protocol.")
+    config = config_from_dict(EvalConfig, vars(parser.parse_args(args.options)), "eval")
     info = evaluate(config)
     print(markdown_table(info))
     print(f"results: {Path(config.out) / 'eval_info.json'}")

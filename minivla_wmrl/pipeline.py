@@ -18,6 +18,7 @@ from envs.factory import GYM
 from minivla_wmrl.ablation import AblationConfig
 from minivla_wmrl.atomic import output_directory
 from minivla_wmrl.config import load_recipe
+from minivla_wmrl.evaluate import EvalConfig, EvalProtocol
 from minivla_wmrl.train.grpo import GRPORecipe
 from minivla_wmrl.train.sft import SFTRecipe
 from minivla_wmrl.train.vq import VQTrainConfig
@@ -59,18 +60,11 @@ class VQStage:
     train: VQTrainConfig = field(default_factory=VQTrainConfig)
 
 
-@dataclass
-class EvalStage:
-    trials: int = 50
-    first_trial: int = 0
-    samples_per_state: int = 1  # K > 1 with temperature > 0: WMRL's avg / best@K / all@K protocol
-    temperature: float = 0.0  # 0: greedy (the protocol's)
-    envs: int = 2
-    backend: str = "local"  # simulator workers: local processes, ray actors, or inline (cheap envs)
-    execute_steps: int = 1
-    max_steps: int | None = None
-    videos: str = "all"
-    videos_per_task: int | None = None
+@dataclass(kw_only=True)
+class EvalStage(EvalProtocol):
+    """`minivla-wmrl eval`'s protocol settings; the pipeline supplies the checkpoint, suite, tasks,
+    image convention, device and output."""
+
     checkpoints: list[str] = field(default_factory=lambda: ["sft", "grpo"])  # which stages' checkpoints to evaluate
 
 
@@ -174,17 +168,12 @@ class Pipeline:
                 "sft": self.out / "sft" / "final", "wm": self.out / "wm" / "world_model"}
         return stage in done and done[stage].exists()
 
-    def eval_config(self, checkpoint: Path, out: Path):
+    def eval_config(self, checkpoint: Path, out: Path) -> EvalConfig:
         """The recipe's evaluation protocol for one checkpoint."""
-        from minivla_wmrl.evaluate import EvalConfig
-
-        e = self.r.eval
-        return EvalConfig(
-            checkpoint=str(checkpoint), suite=self.r.suite, out=str(out), tasks=list(self.r.tasks), trials=e.trials,
-            first_trial=e.first_trial, samples_per_state=e.samples_per_state, temperature=e.temperature, envs=e.envs,
-            execute_steps=e.execute_steps, max_steps=e.max_steps, image_convention=self.r.sft.data.image_convention,
-            videos=e.videos, videos_per_task=e.videos_per_task, device=self.r.sft.policy.device, gym=dict(self.r.gym),
-            backend=e.backend)
+        protocol = {f.name: getattr(self.r.eval, f.name) for f in fields(EvalProtocol)}
+        return EvalConfig(**protocol, checkpoint=str(checkpoint), suite=self.r.suite, out=str(out),
+                          tasks=list(self.r.tasks), image_convention=self.r.sft.data.image_convention,
+                          device=self.r.sft.policy.device, gym=dict(self.r.gym))
 
     def run(self, stages=STAGES, skip_finished: bool = False) -> dict:
         """Run `stages` in order; `skip_finished` keeps the outputs of stages already complete."""

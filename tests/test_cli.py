@@ -1,4 +1,4 @@
-"""The command line: the env benchmark end to end on the real simulator."""
+"""The command line: the env benchmark end to end on the real simulator; flags derived from config dataclasses."""
 
 import json
 import subprocess
@@ -6,9 +6,11 @@ import sys
 
 import pytest
 
+from minivla_wmrl.cli import main as cli
+
 
 @pytest.mark.simulator
-def test_bench_env_writes_the_three_timings(tmp_path):
+def test_bench_env_writes_the_three_timings_and_the_worker_memory(tmp_path):
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "env", "--suite", "libero_90",
                            "--task", "0", "--steps", "16", "--chunk", "8", "--repeats", "1", "--json", str(out)],
@@ -19,9 +21,32 @@ def test_bench_env_writes_the_three_timings(tmp_path):
     assert result["speedup"] == result["naive_s"] / result["engine_s"]
     assert all(result[k] > 0 for k in ("naive_s", "engine_s", "floor_s"))
     assert "| naive " in done.stdout and "speedup (naive / engine)" in done.stdout
+    assert 0 < result["worker_private_mb"] <= result["worker_rss_mb"] and "one env worker: " in done.stdout
+    assert result["worker_has_torch"] is False  # LIBERO's benchmark module is imported without it
 
 
 def test_unknown_suite_is_a_clean_error():
     done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "env", "--suite", "libero_100",
                            "--repeats", "1"], capture_output=True, text=True)
     assert done.returncode == 1 and "unknown LIBERO suite 'libero_100'" in done.stderr
+
+
+def test_eval_flags_are_the_fields_of_its_config(capsys):
+    """Declared once: `minivla-wmrl eval` takes exactly EvalConfig's fields, with their ranges and choices."""
+    from dataclasses import fields
+
+    from minivla_wmrl.evaluate import EvalConfig
+
+    with pytest.raises(SystemExit) as done:
+        cli(["eval", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for f in fields(EvalConfig):
+        assert (f"--{f.name.replace('_', '-')}" in text) == (f.name != "gym"), f.name  # gym options come from recipes
+    assert "{local,ray,inline}" in text and "{float32,bfloat16}" in text and "(>= 1)" in text
+    assert cli(["eval", "--checkpoint", "x", "--suite", "libero_90", "--max-steps", "-1"]) == 1
+    assert "eval.max_steps: -1 is out of range; expected >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["eval", "--checkpoint", "x", "--suite", "libero_90", "--bogus", "3"])
+    with pytest.raises(SystemExit):
+        cli(["vq", "--data", "x", "--out", "y", "--bogus"])  # other commands still refuse flags they do not have

@@ -158,3 +158,22 @@ def test_reset_after_close_is_named():
     env.close()
     with pytest.raises(RuntimeError, match="reset after close"):  # once an AttributeError
         env.reset(0)
+
+
+def test_init_states_are_read_without_torch_and_equal_torch_load():
+    """LIBERO's benchmark module is imported without loading torch (env workers stay lean), its
+    init-state files read as torch.load reads them, and the module's own torch still works."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom envs.libero_env import get_suite, read_init_states\n"
+            "bench = get_suite('libero_spatial')\nstates = read_init_states(bench, 3)\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nprint(states.shape)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("(50, ")
+    from envs.libero_env import get_suite, read_init_states
+
+    for suite in ("libero_10", "libero_90"):
+        bench = get_suite(suite)
+        np.testing.assert_array_equal(read_init_states(bench, 0), bench.get_task_init_states(0))  # torch.load

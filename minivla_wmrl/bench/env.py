@@ -1,8 +1,11 @@
-"""`minivla-wmrl bench env`: one LIBERO episode timed three ways in one process.
+"""`minivla-wmrl bench env`: one LIBERO episode timed three ways in one process, and the memory of
+one env worker process.
 
 - naive: hard reset, both cameras rendered every step (what the reference evaluation loops do);
 - engine: soft reset, one camera rendered on demand at chunk boundaries (what our rollouts do);
-- floor: no rendering at all (the physics + control cost no rollout can beat).
+- floor: no rendering at all (the physics + control cost no rollout can beat);
+- worker memory: a rollout worker (`envs.VectorEnv`, engine settings) after a reset and 5 chunks:
+  resident (RSS) and private (USS: what the process alone holds, freed when it exits) memory.
 """
 
 from __future__ import annotations
@@ -40,6 +43,29 @@ def _episode(env: LiberoEnv, mode: str, actions: np.ndarray, chunk: int) -> floa
     return time.perf_counter() - start
 
 
+def worker_memory(suite: str, task: int | str, chunk: int, image_convention: str) -> dict:
+    """RSS and private memory (MB) of one env worker process after a reset and 5 chunks."""
+    import functools
+
+    import psutil
+
+    from envs.vector_env import VectorEnv
+
+    pool = VectorEnv([functools.partial(LiberoEnv, suite, task, image_convention=image_convention,
+                                        **MODES["engine"])])
+    try:
+        pool.reset([0])
+        for _ in range(5):
+            pool.step([np.zeros((chunk, LiberoEnv.action_dim))])
+        (pid,) = pool.pids()
+        memory = psutil.Process(pid).memory_full_info()
+        loaded = {Path(m.path).name.split(".")[0] for m in psutil.Process(pid).memory_maps()}
+    finally:
+        pool.close()
+    return {"worker_rss_mb": memory.rss / 2**20, "worker_private_mb": memory.uss / 2**20,
+            "worker_has_torch": "libtorch_cpu" in loaded or "libtorch" in loaded}
+
+
 def bench_env(suite: str = "libero_10", task: int | str = 0, steps: int = 520, chunk: int = 8, repeats: int = 3,
               image_convention: str = "minivla", seed: int = 0) -> dict:
     """Median wall time of one `steps`-step episode per mode (env creation excluded)."""
@@ -57,6 +83,7 @@ def bench_env(suite: str = "libero_10", task: int | str = 0, steps: int = 520, c
             finally:
                 env.close()
     result = {f"{mode}_s": statistics.median(t) for mode, t in times.items()}
+    result.update(worker_memory(suite, task, chunk, image_convention))
     result["speedup"] = result["naive_s"] / result["engine_s"]
     result["floor_ratio"] = result["engine_s"] / result["floor_s"]
     result.update(suite=suite, task=task, steps=steps, chunk=chunk, repeats=repeats, wait_steps=10,
@@ -75,6 +102,8 @@ def format_table(result: dict) -> str:
         lines.append(f"| {mode:6s} | {result[mode + '_s']:7.2f} | "
                      f"{result[mode + '_s'] / result['engine_s']:8.2f} | {what} |")
     lines.append(f"speedup (naive / engine) = {result['speedup']:.1f}x")
+    lines.append(f"one env worker: {result['worker_rss_mb']:.0f} MB resident, {result['worker_private_mb']:.0f} MB "
+                 f"private{' (torch loaded)' if result['worker_has_torch'] else ''}")
     return "\n".join(lines)
 
 
