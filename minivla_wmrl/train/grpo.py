@@ -59,6 +59,15 @@ from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_
 from world_models.registry import make_scorer
 from world_models.scorer import SCORE_RANGES
 
+# Each random choice of a GRPO step draws from its own stream, seeded by (grpo.seed, step, salt):
+# the salts only keep the streams apart (any distinct values would do); changing one changes every
+# seeded result, so they stay as first chosen.
+SALT_FULL_ANCHORS = 1_000_003  # which rollouts are anchors under full execution
+SALT_QUERY_SAMPLES = 2_000_003  # which queries of each rollout enter the loss
+SALT_MINIBATCHES = 3_000_003  # the minibatch order of the update
+SALT_SHUFFLED_REWARDS = 4_000_003  # the control arm's permutation of rewards within groups
+SALT_TRUNCATED_ANCHORS = 5_000_003  # which rollouts are anchors under truncated execution (per task, attempt)
+
 RewardMode = Literal["sparse", "dense_raw", "dense_calib", "sparse_scarce"]
 REWARD_MODES = typing.get_args(RewardMode)
 
@@ -172,26 +181,27 @@ class GRPORecipe:
 
 def validate(recipe: GRPORecipe) -> None:
     check_config(recipe, "grpo recipe")
-    g = recipe.grpo
-    if not 0 < g.anchor_fraction <= 1:
-        raise ValueError(f"grpo.anchor_fraction must lie in (0, 1], got {g.anchor_fraction}")
-    if g.rollouts_per_task % g.init_states_per_step:
-        raise ValueError(f"grpo.rollouts_per_task {g.rollouts_per_task} is not a multiple of init_states_per_step "
-                         f"{g.init_states_per_step}")
-    group_size = g.rollouts_per_task // (g.init_states_per_step if g.grouping == "init_state" else 1)
+    grpo = recipe.grpo
+    if not 0 < grpo.anchor_fraction <= 1:
+        raise ValueError(f"grpo.anchor_fraction must lie in (0, 1], got {grpo.anchor_fraction}")
+    if grpo.rollouts_per_task % grpo.init_states_per_step:
+        raise ValueError(f"grpo.rollouts_per_task {grpo.rollouts_per_task} is not a multiple of init_states_per_step "
+                         f"{grpo.init_states_per_step}")
+    group_size = grpo.rollouts_per_task // (grpo.init_states_per_step if grpo.grouping == "init_state" else 1)
     if group_size < 2:
         raise ValueError(f"GRPO groups of {group_size} rollout(s): a group needs at least 2 (raise rollouts_per_task "
                          "or lower init_states_per_step)")
-    if len(g.success_band) != 2 or not 0 <= g.success_band[0] <= g.success_band[1] <= 1:
-        raise ValueError(f"grpo.success_band must be [lo, hi] with 0 <= lo <= hi <= 1, got {g.success_band}")
-    if g.execution == "truncated":
-        if g.reward_mode != "dense_calib" or g.anchor_fraction >= 1 or g.dynamic_sampling:
+    if len(grpo.success_band) != 2 or not 0 <= grpo.success_band[0] <= grpo.success_band[1] <= 1:
+        raise ValueError(f"grpo.success_band must be [lo, hi] with 0 <= lo <= hi <= 1, got {grpo.success_band}")
+    if grpo.execution == "truncated":
+        if grpo.reward_mode != "dense_calib" or grpo.anchor_fraction >= 1 or grpo.dynamic_sampling:
             raise ValueError("grpo.execution 'truncated' needs reward_mode dense_calib (the world model scores the cut "
                              "rollouts), anchor_fraction < 1 (anchors are never cut) and no dynamic_sampling (a cut "
-                             f"rollout's outcome is unknown); got {g.reward_mode}, {g.anchor_fraction}, "
-                             f"{g.dynamic_sampling}")
-        if not 1 <= g.wm_horizon < g.max_real_steps:
-            raise ValueError(f"grpo.wm_horizon must lie in [1, max_real_steps {g.max_real_steps}), got {g.wm_horizon}")
+                             f"rollout's outcome is unknown); got {grpo.reward_mode}, {grpo.anchor_fraction}, "
+                             f"{grpo.dynamic_sampling}")
+        if not 1 <= grpo.wm_horizon < grpo.max_real_steps:
+            raise ValueError(f"grpo.wm_horizon must lie in [1, max_real_steps {grpo.max_real_steps}), "
+                             f"got {grpo.wm_horizon}")
     if not recipe.policy.checkpoint:
         raise ValueError("policy.checkpoint is empty; GRPO starts from an SFT checkpoint (minivla-wmrl sft)")
 
@@ -275,7 +285,7 @@ class GRPOTrainer:
         from (weights, optimiser, corrections, RNG)."""
         validate(recipe)
         self.recipe, self.out = recipe, Path(recipe.out)
-        g, p = recipe.grpo, recipe.policy
+        grpo, p = recipe.grpo, recipe.policy
         self.dist = init_distributed(p.device)
         p.device = self.dist.device(p.device)
         self.progress = progress and self.dist.is_main
@@ -287,26 +297,26 @@ class GRPOTrainer:
         if self.sharded:  # each process scales its loss by the global token count: gradients are summed
             shard_policy(self.policy, sum_gradients=True)
         self.reference = None
-        if g.kl_coef > 0 and not (p.lora and p.freeze_vision):  # else: the model with its adapters disabled
+        if grpo.kl_coef > 0 and not (p.lora and p.freeze_vision):  # else: the model with its adapters disabled
             self.reference = load_policy(Path(p.checkpoint), device=p.device,
                                          dtype=DTYPES[p.dtype]).requires_grad_(False)
             if self.sharded:  # its forward passes run in the update, in step on every process
                 shard_policy(self.reference)
         self.trainable = [q for q in self.policy.parameters() if q.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=g.lr, weight_decay=g.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=grpo.lr, weight_decay=grpo.weight_decay)
 
         options = dict(recipe.world_model.options)
         if recipe.world_model.name == "progress":
             options.setdefault("device", p.device)  # score and co-train beside the policy
         self.world_model = make_scorer(recipe.world_model.name, **options)
         self.wm_trainer = None
-        if g.wm_cotrain and isinstance(self.world_model, torch.nn.Module):
+        if grpo.wm_cotrain and isinstance(self.world_model, torch.nn.Module):
             average = ((lambda params: self.dist.sum_gradients([q for q in params if q.requires_grad],
                                                                1.0 / self.dist.world_size))
                        if self.dist.enabled else None)
             self.wm_trainer = WorldModelTrainer(self.world_model, recipe.world_model.train, average)
-        self.debiaser = OnlineDebiaser(**asdict(recipe.debias), score_range=SCORE_RANGES[g.wm_reduction])
-        if g.reward_mode == "dense_calib" and g.anchor_fraction == 1 and self.dist.is_main:
+        self.debiaser = OnlineDebiaser(**asdict(recipe.debias), score_range=SCORE_RANGES[grpo.wm_reduction])
+        if grpo.reward_mode == "dense_calib" and grpo.anchor_fraction == 1 and self.dist.is_main:
             print("grpo: every rollout is an anchor (anchor_fraction 1): the anchor weight scales all advantages "
                   "alike and Adam cancels it; set anchor_fraction < 1 for denoising to act", file=sys.stderr)
         self.weighter = InverseVarianceWeighter(**asdict(recipe.denoise))
@@ -318,7 +328,8 @@ class GRPOTrainer:
         infos = self.envs.infos
         self.task_ids = list(dict.fromkeys(info.task_id for info in infos))
         self.init_pools = self._init_state_pools()
-        self.engine = RolloutEngine(self.policy, self.envs, RolloutConfig(g.execute_steps, g.temperature, g.seed))
+        self.engine = RolloutEngine(self.policy, self.envs,
+                                    RolloutConfig(grpo.execute_steps, grpo.temperature, grpo.seed))
         if resume is not None:
             try:
                 self._load_training_state(*resume)
@@ -351,41 +362,41 @@ class GRPOTrainer:
         """(spec, group, anchor) for the given group slots of one task (init states and seeds fixed by
         step/attempt). Truncated execution picks each group's anchors here, before anything runs,
         and cuts every other rollout at `wm_horizon`; full execution picks anchors afterwards."""
-        g, task_id = self.recipe.grpo, self.task_ids[task_index]
-        rng = np.random.default_rng([g.seed, self.step, attempt, task_index])
+        grpo, task_id = self.recipe.grpo, self.task_ids[task_index]
+        rng = np.random.default_rng([grpo.seed, self.step, attempt, task_index])
         pool = self.init_pools[task_id]
-        per_state = g.rollouts_per_task // g.init_states_per_step
-        states = rng.choice(len(pool), g.init_states_per_step, replace=len(pool) < g.init_states_per_step)
+        per_state = grpo.rollouts_per_task // grpo.init_states_per_step
+        states = rng.choice(len(pool), grpo.init_states_per_step, replace=len(pool) < grpo.init_states_per_step)
         specs = []
-        for slot in range(g.init_states_per_step):
-            group = task_index * g.init_states_per_step + slot if g.grouping == "init_state" else task_index
+        for slot in range(grpo.init_states_per_step):
+            group = task_index * grpo.init_states_per_step + slot if grpo.grouping == "init_state" else task_index
             if group not in group_slots:
                 continue
             for r in range(per_state):
-                seed = int(np.random.SeedSequence([g.seed, self.step, attempt, task_index, slot, r])
+                seed = int(np.random.SeedSequence([grpo.seed, self.step, attempt, task_index, slot, r])
                            .generate_state(1)[0])
                 specs.append(PlannedRollout(EpisodeSpec(task_id, pool[states[slot]], seed=seed), group, anchor=False))
-        if g.execution == "truncated":
-            anchor_rng = np.random.default_rng([g.seed, self.step, attempt, task_index, 5_000_003])
+        if grpo.execution == "truncated":
+            anchor_rng = np.random.default_rng([grpo.seed, self.step, attempt, task_index, SALT_TRUNCATED_ANCHORS])
             groups = np.array([planned.group for planned in specs])
             anchors = np.zeros(len(specs), bool)
             for group in np.unique(groups):  # at least one anchor per group: every group calibrates
                 members = np.flatnonzero(groups == group)
-                anchors[anchor_rng.choice(members, max(1, round(g.anchor_fraction * len(members))),
+                anchors[anchor_rng.choice(members, max(1, round(grpo.anchor_fraction * len(members))),
                                           replace=False)] = True
-            specs = [PlannedRollout(replace(p.spec, horizon=None if anchor else g.wm_horizon), p.group, bool(anchor))
+            specs = [PlannedRollout(replace(p.spec, horizon=None if anchor else grpo.wm_horizon), p.group, bool(anchor))
                      for p, anchor in zip(specs, anchors)]
         return specs
 
     def rollouts(self) -> StepBatch:
         """This step's rollouts; under torchrun process r runs every world_size-th one and the
         outcomes are gathered, so groups, anchors and advantages are the same in every process."""
-        g, rank, world = self.recipe.grpo, self.dist.rank, self.dist.world_size
-        groups_per_task = g.init_states_per_step if g.grouping == "init_state" else 1
+        grpo, rank, world = self.recipe.grpo, self.dist.rank, self.dist.world_size
+        groups_per_task = grpo.init_states_per_step if grpo.grouping == "init_state" else 1
         wanted = {t: list(range(t * groups_per_task, (t + 1) * groups_per_task)) for t in range(len(self.task_ids))}
         kept: dict[int, list[GroupMember]] = {}
         resampled = 0
-        for attempt in range(g.max_resample + 1 if g.dynamic_sampling else 1):
+        for attempt in range(grpo.max_resample + 1 if grpo.dynamic_sampling else 1):
             todo = [item for t, slots in wanted.items() for item in self._specs(t, attempt, slots)]
             if not todo:
                 break
@@ -393,7 +404,7 @@ class GRPOTrainer:
             local = dict(zip(mine, self.engine.run([todo[k].spec for k in mine], progress=self.progress,
                                                    desc=f"step {self.step + 1} rollouts")))
             summaries = {}
-            for part in self.dist.gather({k: RolloutSummary.of(t, g.wm_horizon) for k, t in local.items()}):
+            for part in self.dist.gather({k: RolloutSummary.of(t, grpo.wm_horizon) for k, t in local.items()}):
                 summaries.update(part)
             self._count(todo, summaries)
             by_group: dict[int, list[GroupMember]] = {}
@@ -401,22 +412,22 @@ class GRPOTrainer:
                 by_group.setdefault(planned.group, []).append(GroupMember(summaries[k], local.get(k), planned.anchor))
             for group, members in by_group.items():
                 rate = np.mean([m.summary.success for m in members if m.summary.valid] or [0.0])
-                if not g.dynamic_sampling or g.success_band[0] <= rate <= g.success_band[1]:
+                if not grpo.dynamic_sampling or grpo.success_band[0] <= rate <= grpo.success_band[1]:
                     kept[group] = members
             wanted = {t: [s for s in slots if s not in kept] for t, slots in wanted.items()}
-            resampled += sum(len(s) for s in wanted.values()) if attempt < g.max_resample else 0
+            resampled += sum(len(s) for s in wanted.values()) if attempt < grpo.max_resample else 0
         skipped = sum(len(s) for s in wanted.values())
         members = [m for group in sorted(kept) for m in kept[group]]
         groups = np.array([group for group in sorted(kept) for _ in kept[group]], dtype=np.int64)
         summaries = [m.summary for m in members]
         valid = np.array([m.valid for m in summaries], bool)
-        truncated = g.execution == "truncated"
+        truncated = grpo.execution == "truncated"
         anchors = np.array([m.anchor for m in members], bool) & valid if truncated else self._anchors(groups, valid)
         return StepBatch(trajectories=[m.trajectory for m in members], groups=groups,
                          outcomes=np.array([float(m.success) for m in summaries]), anchors=anchors, valid=valid,
                          num_queries=np.array([m.num_queries for m in summaries], np.int64),
                          instructions=[m.instruction for m in summaries],
-                         resampled_groups=resampled if g.dynamic_sampling else 0, skipped_groups=skipped,
+                         resampled_groups=resampled if grpo.dynamic_sampling else 0, skipped_groups=skipped,
                          early=np.array([m.early for m in summaries], bool) & valid if truncated else None)
 
     def _count(self, todo: list[PlannedRollout], summaries: dict) -> None:
@@ -431,16 +442,16 @@ class GRPOTrainer:
             self.counters["truncated_episodes"] += int(summaries[k].truncated)
 
     def _anchors(self, groups: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        g = self.recipe.grpo
-        rng = np.random.default_rng([g.seed, self.step, 1_000_003])
+        grpo = self.recipe.grpo
+        rng = np.random.default_rng([grpo.seed, self.step, SALT_FULL_ANCHORS])
         anchors = np.zeros(len(groups), bool)
-        if g.reward_mode == "sparse":
+        if grpo.reward_mode == "sparse":
             return valid.copy()  # the baseline labels every rollout
         for group in np.unique(groups):
             members = np.flatnonzero((groups == group) & valid)
-            count = min(len(members), int(round(g.anchor_fraction * len(members))))
+            count = min(len(members), int(round(grpo.anchor_fraction * len(members))))
             anchors[rng.choice(members, count, replace=False)] = True
-        missing = min(g.min_anchors, int(valid.sum())) - int(anchors.sum())
+        missing = min(grpo.min_anchors, int(valid.sum())) - int(anchors.sum())
         if missing > 0:
             anchors[rng.choice(np.flatnonzero(valid & ~anchors), missing, replace=False)] = True
         return anchors
@@ -477,13 +488,13 @@ class GRPOTrainer:
 
     def rewards(self, batch: StepBatch, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
         """Rewards (NaN = unlabelled) and the advantages after group normalisation and anchor weighting."""
-        g, a, y = self.recipe.grpo, batch.anchors, batch.outcomes
+        grpo, a, y = self.recipe.grpo, batch.anchors, batch.outcomes
         log = {"calibrated": 0.0, "bias_reduction": float("nan"), "anchor_weight": 1.0}
-        if g.reward_mode == "sparse":
+        if grpo.reward_mode == "sparse":
             rewards = y.copy()
-        elif g.reward_mode == "sparse_scarce":
+        elif grpo.reward_mode == "sparse_scarce":
             rewards = np.where(a, y, np.nan)
-        elif g.reward_mode == "dense_raw":
+        elif grpo.reward_mode == "dense_raw":
             rewards = scores.copy()
         else:
             # calibration pairs: (score, real final outcome) of anchors; under truncated execution the
@@ -501,19 +512,19 @@ class GRPOTrainer:
                     member = pairs & (batch.groups == group)
                     self.weighter.observe(self.debiaser(scores[member]), y[member])
             calibrated = self.debiaser(scores)
-            anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[g.anchor_reward]
+            anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[grpo.anchor_reward]
             rewards = np.where(a, anchor_value, calibrated)
             if batch.early is not None:
                 rewards = np.where(batch.early, y, rewards)  # ended within the horizon: its real outcome counts
         rewards = np.where(batch.valid, rewards, np.nan)
-        if g.shuffle_rewards:
+        if grpo.shuffle_rewards:
             rewards = shuffle_within_groups(rewards, batch.groups,
-                                            np.random.default_rng([g.seed, self.step, 4_000_003]))
-        advantages, graded = group_advantages(rewards, batch.groups, g.scale_std)
+                                            np.random.default_rng([grpo.seed, self.step, SALT_SHUFFLED_REWARDS]))
+        advantages, graded = group_advantages(rewards, batch.groups, grpo.scale_std)
         log["debias_fit_failed"] = float(self.debiaser.fit_failed)
-        log["denoise_active"] = float(g.reward_mode == "dense_calib" and self.debiaser.calibrated
+        log["denoise_active"] = float(grpo.reward_mode == "dense_calib" and self.debiaser.calibrated
                                       and bool((graded & ~a).any()))  # the weight separates anchors from the rest
-        if g.reward_mode == "dense_calib" and self.debiaser.calibrated:
+        if grpo.reward_mode == "dense_calib" and self.debiaser.calibrated:
             log["anchor_weight"] = self.weighter.weight
             advantages = weight_anchor_advantages(advantages, a, self.weighter.weight)
         zero_std = [np.nanstd(rewards[(batch.groups == group) & graded]) < 1e-9 for group in np.unique(batch.groups)
@@ -526,15 +537,15 @@ class GRPOTrainer:
     def _samples(self, batch: StepBatch, advantages: np.ndarray) -> list[Sample]:
         """A random subset of each rollout's queries; the same list in every process (it is drawn
         from the gathered arrays)."""
-        g = self.recipe.grpo
-        rng = np.random.default_rng([g.seed, self.step, 2_000_003])
+        grpo = self.recipe.grpo
+        rng = np.random.default_rng([grpo.seed, self.step, SALT_QUERY_SAMPLES])
         samples = []
         for k in range(len(batch.groups)):
             if not batch.valid[k] or not batch.num_queries[k]:
                 continue
-            if advantages[k] == 0 and g.kl_coef == 0 and g.entropy_coef == 0:
+            if advantages[k] == 0 and grpo.kl_coef == 0 and grpo.entropy_coef == 0:
                 continue  # zero-advantage samples carry no gradient (unless KL or entropy terms apply)
-            picks = np.sort(rng.choice(batch.num_queries[k], min(g.queries_per_rollout, batch.num_queries[k]),
+            picks = np.sort(rng.choice(batch.num_queries[k], min(grpo.queries_per_rollout, batch.num_queries[k]),
                                        replace=False))
             samples += [Sample(k, int(q), float(advantages[k])) for q in picks]
         return samples
@@ -553,16 +564,16 @@ class GRPOTrainer:
         gradients over processes gives exactly the single-process minibatch gradient. A sharded
         policy's backward is a collective, so a process holding none of a minibatch backpropagates
         a blank sample at weight zero."""
-        g = self.recipe.grpo
-        rng = np.random.default_rng([g.seed, self.step, 3_000_003])
+        grpo = self.recipe.grpo
+        rng = np.random.default_rng([grpo.seed, self.step, SALT_MINIBATCHES])
         n_tokens = self.policy.config.num_action_tokens
         sums: dict[str, float] = {}
         grad_norms = []
         idle = self._blank_sample() if self.sharded else None
-        for _ in range(g.inner_epochs):
+        for _ in range(grpo.inner_epochs):
             order = rng.permutation(len(samples))
-            for start in range(0, len(order), g.minibatch_size):
-                chunk = [samples[i] for i in order[start:start + g.minibatch_size]]
+            for start in range(0, len(order), grpo.minibatch_size):
+                chunk = [samples[i] for i in order[start:start + grpo.minibatch_size]]
                 own = [HeldSample(batch.trajectories[s.rollout], s.query, s.advantage) for s in chunk
                        if batch.trajectories[s.rollout] is not None]
                 scale = 1.0 / (len(chunk) * n_tokens)
@@ -574,7 +585,7 @@ class GRPOTrainer:
                     self._minibatch_loss([idle], 0.0)
                 if not self.sharded:  # FSDP reduced the gradients in backward
                     self.dist.sum_gradients(self.trainable)
-                grad_norms.append(clip_gradients(self.trainable, g.grad_clip))
+                grad_norms.append(clip_gradients(self.trainable, grpo.grad_clip))
                 self.optimizer.step()
         total = {k: sum(part.get(k, 0.0) for part in self.dist.gather(sums)) for k in
                  ("loss", "entropy", "approx_kl", "clip_low", "clip_high", "tokens")}
@@ -594,49 +605,51 @@ class GRPOTrainer:
 
     def _minibatch_loss(self, own: list[HeldSample], scale: float) -> dict:
         """Backpropagate `scale` × the summed per-token loss of these samples."""
-        g, device = self.recipe.grpo, self.policy.device
+        grpo, device = self.recipe.grpo, self.policy.device
         images = np.stack([s.trajectory.frames[s.query] for s in own])
         instructions = [s.trajectory.instruction for s in own]
         tokens = torch.as_tensor(np.stack([s.trajectory.token_ids[s.query] for s in own]), device=device)
         old = torch.as_tensor(np.stack([s.trajectory.log_probs[s.query] for s in own]), device=device)
         adv = torch.as_tensor([s.advantage for s in own], dtype=torch.float32, device=device)[:, None]
-        new, entropy = self.policy.score(images, instructions, tokens, g.temperature)
+        new, entropy = self.policy.score(images, instructions, tokens, grpo.temperature)
         ratio = torch.exp(new - old)
-        clipped = torch.clamp(ratio, 1 - g.clip_eps, 1 + g.clip_eps_high)
-        per_token = -torch.minimum(ratio * adv, clipped * adv) - g.entropy_coef * entropy
-        if g.kl_coef > 0:
+        clipped = torch.clamp(ratio, 1 - grpo.clip_eps, 1 + grpo.clip_eps_high)
+        per_token = -torch.minimum(ratio * adv, clipped * adv) - grpo.entropy_coef * entropy
+        if grpo.kl_coef > 0:
             log_ref_ratio = self._reference_log_probs(images, instructions, tokens) - new
-            per_token = per_token + g.kl_coef * (torch.exp(log_ref_ratio) - log_ref_ratio - 1)
+            per_token = per_token + grpo.kl_coef * (torch.exp(log_ref_ratio) - log_ref_ratio - 1)
         (per_token.sum() * scale).backward()
         with torch.no_grad():  # token sums, so that means over processes and minibatches are exact
             log_ratio = new - old
             return {"loss": per_token.sum().item(), "entropy": entropy.sum().item(),
                     "approx_kl": ((torch.exp(log_ratio) - 1) - log_ratio).sum().item(),
-                    "clip_low": ((ratio < 1 - g.clip_eps) & (adv < 0)).float().sum().item(),
-                    "clip_high": ((ratio > 1 + g.clip_eps_high) & (adv > 0)).float().sum().item(),
+                    "clip_low": ((ratio < 1 - grpo.clip_eps) & (adv < 0)).float().sum().item(),
+                    "clip_high": ((ratio > 1 + grpo.clip_eps_high) & (adv > 0)).float().sum().item(),
                     "tokens": float(per_token.numel())}
 
     # -- one step, checkpoints --------------------------------------------------------------------------------
 
     def train_step(self) -> dict:
-        g = self.recipe.grpo
+        grpo = self.recipe.grpo
         self.policy.eval()
         t0, before = time.perf_counter(), dict(self.counters)
         with full_parameters(self.policy):
             batch = self.rollouts()
         t1 = time.perf_counter()
         inputs = self.world_model_inputs(batch)
-        scores = self.score(batch, self.world_model_inputs(batch, g.wm_horizon) if batch.early is not None else inputs)
+        prefixes = self.world_model_inputs(batch, grpo.wm_horizon) if batch.early is not None else inputs
+        scores = self.score(batch, prefixes)
         rewards, advantages, log = self.rewards(batch, scores)
         t2 = time.perf_counter()
         samples = self._samples(batch, advantages)
         update = self.update(batch, samples) if samples else {}
         wm_loss = float("nan")
-        if self.wm_trainer is not None and batch.anchors.any() and g.reward_mode != "dense_raw":  # raw: no real labels
-            wm_loss = self.wm_trainer.update([inputs[k] for k in inputs if batch.anchors[k]], g.wm_update_steps)
+        # dense_raw uses no real labels, so it has none to co-train on
+        if self.wm_trainer is not None and batch.anchors.any() and grpo.reward_mode != "dense_raw":
+            wm_loss = self.wm_trainer.update([inputs[k] for k in inputs if batch.anchors[k]], grpo.wm_update_steps)
         t3 = time.perf_counter()
         self.step += 1
-        if g.reward_mode != "dense_raw":
+        if grpo.reward_mode != "dense_raw":
             self.counters["real_labels_used"] += int(batch.anchors.sum())
         valid, a = batch.valid, batch.anchors
         record = {
@@ -702,8 +715,8 @@ def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
 
 
 def _train_grpo(recipe: GRPORecipe, envs, progress: bool) -> dict:
-    g, out = recipe.grpo, Path(recipe.out)
-    random.seed(g.seed), np.random.seed(g.seed), torch.manual_seed(g.seed)
+    grpo, out = recipe.grpo, Path(recipe.out)
+    random.seed(grpo.seed), np.random.seed(grpo.seed), torch.manual_seed(grpo.seed)
     resume = resume_checkpoint(out, asdict(recipe), RESUMABLE_CHANGES) if recipe.resume else None
     trainer = GRPOTrainer(recipe, envs, progress, resume)
     main_process = trainer.dist.is_main
@@ -713,16 +726,16 @@ def _train_grpo(recipe: GRPORecipe, envs, progress: bool) -> dict:
             (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, default=str))
         log = MetricsLog(out, "grpo", trainer.step) if main_process else None
         history = list(log.history) if log else []
-        budget_spent = lambda: 0 < g.real_step_budget <= trainer.counters["real_steps"]  # noqa: E731
-        for _ in tqdm(range(trainer.step, g.steps), desc="grpo", disable=not trainer.progress, initial=trainer.step,
-                      total=g.steps):
+        budget_spent = lambda: 0 < grpo.real_step_budget <= trainer.counters["real_steps"]  # noqa: E731
+        for _ in tqdm(range(trainer.step, grpo.steps), desc="grpo", disable=not trainer.progress, initial=trainer.step,
+                      total=grpo.steps):
             if budget_spent():
                 break
             record = trainer.train_step()
             if log is not None:  # before the checkpoint: a resume never loses a step's record
                 log.write(record)
             history.append(record)
-            if trainer.step % g.save_every == 0 or trainer.step == g.steps or budget_spent():
+            if trainer.step % grpo.save_every == 0 or trainer.step == grpo.steps or budget_spent():
                 trainer.save()
                 trainer.dist.barrier()
         return {"history": history, "checkpoint": str(latest_checkpoint(out)), "trainer": trainer}
