@@ -178,12 +178,12 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
 
 
 def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
-    c, out = recipe.sft, Path(recipe.out)
+    settings, out = recipe.sft, Path(recipe.out)
     progress = progress and dist.is_main
-    random.seed(c.seed), np.random.seed(c.seed), torch.manual_seed(c.seed)
+    random.seed(settings.seed), np.random.seed(settings.seed), torch.manual_seed(settings.seed)
     episodes = read_episodes(recipe.data.paths, recipe.data.chunk_len, recipe.data.image_key, recipe.data.wrist_key,
                              recipe.data.max_demos_per_file)
-    train_ids, val_ids = split_episodes(len(episodes), recipe.data.val_fraction, c.seed)
+    train_ids, val_ids = split_episodes(len(episodes), recipe.data.val_fraction, settings.seed)
     statistics = ActionStatistics.from_actions(np.concatenate([episodes[i].actions for i in train_ids]),
                                                num_trajectories=len(train_ids))
     recipe_record = asdict(recipe)
@@ -223,7 +223,7 @@ def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
         shard_policy(policy)
 
     trainable = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=c.lr, weight_decay=c.weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
     start_step = 0
     if state is not None:
         load_optimizer_state(policy, optimizer, state["optimizer"])
@@ -236,9 +236,9 @@ def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
                            recipe.data.image_convention)
 
     train_set = dataset(train_ids)
-    loader = DataLoader(train_set, batch_sampler=ResumableBatchSampler(len(train_set), c.batch_size, c.seed,
-                                                                      start_step * c.grad_accum, dist.shard),
-                        collate_fn=collate, num_workers=c.num_workers)
+    sampler = ResumableBatchSampler(len(train_set), settings.batch_size, settings.seed,
+                                    start_step * settings.grad_accum, dist.shard)
+    loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=settings.num_workers)
     val_set = dataset(val_ids) if len(val_ids) else None
     use_bf16 = dtype == torch.bfloat16 and device.type == "cuda"
 
@@ -262,27 +262,27 @@ def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
     if log is not None and log.history:  # a finished run re-run (the documented resume) reports where it stands
         last = log.history[-1]
     try:
-        for step in tqdm(range(start_step + 1, c.steps + 1), desc="sft", disable=not progress,
-                         initial=start_step, total=c.steps):
+        for step in tqdm(range(start_step + 1, settings.steps + 1), desc="sft", disable=not progress,
+                         initial=start_step, total=settings.steps):
             totals = {}
-            for _ in range(c.grad_accum):
+            for _ in range(settings.grad_accum):
                 loss, metrics = step_metrics(policy, next(batches), autocast, model)
-                (loss / c.grad_accum).backward()
+                (loss / settings.grad_accum).backward()
                 for k, v in metrics.items():
-                    totals[k] = totals.get(k, 0.0) + v / c.grad_accum
-            grad_norm = clip_gradients(trainable, c.grad_clip)
+                    totals[k] = totals.get(k, 0.0) + v / settings.grad_accum
+            grad_norm = clip_gradients(trainable, settings.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            record = {"step": step, **dist.mean(totals), "grad_norm": grad_norm, "lr": c.lr}
-            if val_set is not None and (step % c.eval_every == 0 or step == c.steps):
+            record = {"step": step, **dist.mean(totals), "grad_norm": grad_norm, "lr": settings.lr}
+            if val_set is not None and (step % settings.eval_every == 0 or step == settings.steps):
                 with full_parameters(policy):  # rank 0 alone runs forward passes
                     if dist.is_main:
-                        record.update(validate(policy, val_set, c, autocast))
-            if log is not None and (step % c.log_every == 0 or step == c.steps or "val_loss" in record):
+                        record.update(validate(policy, val_set, settings, autocast))
+            if log is not None and (step % settings.log_every == 0 or step == settings.steps or "val_loss" in record):
                 log.write(record)
             history.append(record)
             last = record
-            if step % c.save_every == 0 or step == c.steps:
+            if step % settings.save_every == 0 or step == settings.steps:
                 save(step)
                 dist.barrier()
     finally:
@@ -292,11 +292,11 @@ def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
 
 
 @torch.no_grad()
-def validate(policy: MiniVLA, val_set: DemoDataset, c: SFTConfig, autocast) -> dict:
+def validate(policy: MiniVLA, val_set: DemoDataset, settings: SFTConfig, autocast) -> dict:
     policy.eval()
-    size = min(c.batch_size, len(val_set))
+    size = min(settings.batch_size, len(val_set))
     totals, count = {}, 0
-    for b in range(min(c.val_batches, len(val_set) // size)):
+    for b in range(min(settings.val_batches, len(val_set) // size)):
         batch = collate([val_set[i] for i in range(b * size, (b + 1) * size)])
         _, metrics = step_metrics(policy, batch, autocast)
         for k, v in metrics.items():

@@ -243,8 +243,8 @@ def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
 
 
 def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
-    c, out = recipe.train, Path(recipe.out)
-    random.seed(c.seed), np.random.seed(c.seed), torch.manual_seed(c.seed)
+    settings, out = recipe.train, Path(recipe.out)
+    random.seed(settings.seed), np.random.seed(settings.seed), torch.manual_seed(settings.seed)
     recipe_record = asdict(recipe)
     resumed = resume_checkpoint(out, recipe_record, RESUMABLE_CHANGES) if recipe.resume else None
     (out / "recipe.json").write_text(json.dumps(recipe_record, indent=2))
@@ -260,13 +260,13 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
                     if recipe.data.demos else []) + load_trajectories(rollout_files, size)
     if not trajectories:
         raise ValueError(f"{recipe.out}: no training data; set data.demos, data.rollouts or collect.checkpoint")
-    train_ids, val_ids = split_episodes(len(trajectories), c.val_fraction, c.seed)
+    train_ids, val_ids = split_episodes(len(trajectories), settings.val_fraction, settings.seed)
     train_set = [trajectories[i] for i in train_ids]
     val_set = [trajectories[i] for i in val_ids]
 
     found, state = resumed if resumed is not None else (None, None)
     model = ProgressWorldModel.load(found / "world_model") if found is not None else ProgressWorldModel(recipe.model)
-    trainer = WorldModelTrainer(model, c)
+    trainer = WorldModelTrainer(model, settings)
     start = 0
     if state is not None:
         trainer.load_state_dict(state["trainer"])
@@ -275,16 +275,17 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
 
     last = {}
     with MetricsLog(out, "wm", start) as log:
-        for step in tqdm(range(start + 1, c.steps + 1), desc="wm", disable=not progress, initial=start, total=c.steps):
-            size_b = min(c.batch_size, len(train_set))
+        for step in tqdm(range(start + 1, settings.steps + 1), desc="wm", disable=not progress, initial=start,
+                         total=settings.steps):
+            size_b = min(settings.batch_size, len(train_set))
             batch = [train_set[i] for i in trainer.rng.choice(len(train_set), size_b, replace=False)]
             record = {"step": step, "loss": trainer.step(batch)}
-            if val_set and (step % c.eval_every == 0 or step == c.steps):
+            if val_set and (step % settings.eval_every == 0 or step == settings.steps):
                 record.update({f"val_{k}": v for k, v in trainer.metrics(val_set).items()})
-            if step % 10 == 0 or step == c.steps or "val_success_auroc" in record:
+            if step % 10 == 0 or step == settings.steps or "val_success_auroc" in record:
                 log.write(record)
             last = record
-            if step % c.save_every == 0 or step == c.steps:
+            if step % settings.save_every == 0 or step == settings.steps:
                 save_checkpoint(out, step, recipe_record,
                                 {"trainer": trainer.state_dict(), "step": step, **global_rng_state()},
                                 lambda directory: _write_world_model(model, directory / "world_model"))
