@@ -7,6 +7,7 @@ Factories are picklable zero-argument callables, called inside the workers or Ra
 from __future__ import annotations
 
 import functools
+import inspect
 
 from envs.gym_env import GymRobotEnv
 from envs.libero_env import LiberoEnv
@@ -22,6 +23,10 @@ def env_factory(suite: str, task: str | int, cameras=("agentview",), image_conve
         options = dict(gym or {})
         if "instruction" not in options:
             raise ValueError(f"gym env {task!r} needs gym.instruction (gymnasium envs have no language instruction)")
+        allowed = set(inspect.signature(GymRobotEnv).parameters) - {"env_id", "max_steps", "seed"}
+        unknown = sorted(set(options) - allowed)
+        if unknown:
+            raise ValueError(f"gym options {unknown} are unknown; expected a subset of {sorted(allowed)}")
         return functools.partial(GymRobotEnv, str(task), max_steps=max_steps, seed=seed, **options)
     return functools.partial(LiberoEnv, suite, task, cameras=tuple(cameras), image_convention=image_convention,
                              max_steps=max_steps, seed=seed)

@@ -46,3 +46,12 @@ def test_bad_gym_input_is_named(fetch):
     fetch.reset(0)
     with pytest.raises(ValueError, match=r"expected \(4,\)"):
         fetch.step(np.zeros(7))
+
+
+def test_unknown_gym_options_are_named_before_any_env_is_built():
+    from envs.factory import env_factory
+
+    with pytest.raises(ValueError, match=r"gym options \['resolutoin'\] are unknown; expected a subset of"):
+        env_factory("gym", "FetchReach-v4", gym={"instruction": "reach", "resolutoin": 64})
+    with pytest.raises(ValueError, match="needs gym.instruction"):
+        env_factory("gym", "FetchReach-v4", gym={"resolution": 64})

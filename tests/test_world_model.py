@@ -77,6 +77,10 @@ def test_bad_inputs_are_clear_errors():
         scorer.score([frames.astype(np.float32)], ["a"])
     with pytest.raises(ValueError, match="unknown world model 'vlm'; registered"):
         make_scorer("vlm")
+    with pytest.raises(ValueError, match=r"world model 'callable': unknown option\(s\) \['fun'\]"):
+        make_scorer("callable", fun=progress_by_brightness)
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['dimm'\]"):  # the progress model checks its own
+        make_scorer("progress", dimm=3)
 
 
 @pytest.fixture(scope="module")

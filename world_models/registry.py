@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +39,11 @@ def register_scorer(name: str):
 def make_scorer(name: str, **kwargs) -> TrajectoryScorer:
     if name not in SCORERS:
         raise ValueError(f"unknown world model {name!r}; registered: {sorted(SCORERS)}")
+    parameters = inspect.signature(SCORERS[name]).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):  # a scorer taking **options checks them itself
+        known = {p.name for p in parameters}
+        if unknown := sorted(set(kwargs) - known):
+            raise ValueError(f"world model {name!r}: unknown option(s) {unknown}; expected a subset of {sorted(known)}")
     return SCORERS[name](**kwargs)
 
 
