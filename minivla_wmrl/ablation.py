@@ -59,10 +59,10 @@ def cell_recipe(recipe, arm_index: int, seed: int):
     """The GRPO recipe of one (arm, seed) cell: the pipeline's GRPO section + the arm's overrides."""
     from minivla_wmrl.train.grpo import GRPORecipe
 
-    a, arm = recipe.ablation, recipe.ablation.arms[arm_index]
+    ablation, arm = recipe.ablation, recipe.ablation.arms[arm_index]
     data = apply_overrides(asdict(recipe.grpo), arm.overrides)
     grpo = config_from_dict(GRPORecipe, data, f"ablation arm {arm.name!r}")
-    grpo.grpo.seed = seed if a.paired_seeds else seed + SEED_STRIDE * arm_index
+    grpo.grpo.seed = seed if ablation.paired_seeds else seed + SEED_STRIDE * arm_index
     grpo.out = str(cell_dir(recipe, arm.name, seed))
     return grpo
 
@@ -125,23 +125,23 @@ def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
 def check_ablation(recipe) -> None:
     from minivla_wmrl.train.grpo import validate
 
-    a = recipe.ablation
-    if not a.arms:
+    ablation = recipe.ablation
+    if not ablation.arms:
         raise ValueError("ablation.arms is empty; list the GRPO arms to compare (name + overrides)")
-    names = [arm.name for arm in a.arms]
+    names = [arm.name for arm in ablation.arms]
     bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_-]+", n)]
     if bad or len(set(names)) != len(names):
         raise ValueError(f"ablation arm names must be unique directory names ([A-Za-z0-9_-]); got {names}")
-    for arm in a.arms:
-        seeds = arm_seeds(a, arm)
+    for arm in ablation.arms:
+        seeds = arm_seeds(ablation, arm)
         if not seeds or len(set(seeds)) != len(seeds):
             raise ValueError(f"ablation arm {arm.name!r}: seeds must be distinct and non-empty, got {seeds}")
-    if a.eval_every < 0:
-        raise ValueError(f"ablation.eval_every must be >= 0, got {a.eval_every}")
-    for i, arm in enumerate(a.arms):  # every arm's overrides name real keys with valid values, before any work
-        validate(cell_recipe(recipe, i, arm_seeds(a, arm)[0]))
-    for i, arm in enumerate(a.arms):  # a finished cell is reused only if it ran the settings asked for now
-        for seed in arm_seeds(a, arm):
+    if ablation.eval_every < 0:
+        raise ValueError(f"ablation.eval_every must be >= 0, got {ablation.eval_every}")
+    for i, arm in enumerate(ablation.arms):  # every arm's overrides name real keys with valid values, before any work
+        validate(cell_recipe(recipe, i, arm_seeds(ablation, arm)[0]))
+    for i, arm in enumerate(ablation.arms):  # a finished cell is reused only if it ran the settings asked for now
+        for seed in arm_seeds(ablation, arm):
             directory = cell_dir(recipe, arm.name, seed)
             if (directory / "cell.json").exists():
                 saved = read_json(directory / "recipe.json", "the cell's GRPO recipe")
@@ -165,13 +165,13 @@ def run_ablation(recipe, parallel: int = 1) -> dict:
     pipeline.run(("demos", "vq", "sft", "wm"), skip_finished=True)
     sft_eval = out / "eval" / "sft"
     evaluate(pipeline.eval_config(Path(recipe.out) / "sft" / "final", sft_eval))
-    a = recipe.ablation
-    todo = [(i, s) for i, arm in enumerate(a.arms) for s in arm_seeds(a, arm)
+    ablation = recipe.ablation
+    todo = [(i, s) for i, arm in enumerate(ablation.arms) for s in arm_seeds(ablation, arm)
             if not (cell_dir(recipe, arm.name, s) / "cell.json").exists()]
     data = asdict(recipe)
     if parallel == 1:
         for i, s in todo:
-            print(f"== ablation cell: arm {a.arms[i].name}, seed {s}", flush=True)
+            print(f"== ablation cell: arm {ablation.arms[i].name}, seed {s}", flush=True)
             run_cell(data, i, s)
     else:
         with ProcessPoolExecutor(parallel, mp_context=get_context("spawn")) as pool:
@@ -211,12 +211,13 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
     arm (pooled over seeds, paired on init state and sample), agreement with SFT, real-simulator use."""
     from minivla_wmrl.compare import check_comparable, load_evaluation
 
-    a = recipe.ablation
+    ablation = recipe.ablation
     sft_settings, _ = load_evaluation(sft_eval)
-    sft = {s_index: _successes(sft_eval, s_index) for s_index in range(max(len(arm_seeds(a, arm)) for arm in a.arms))}
+    most_seeds = max(len(arm_seeds(ablation, arm)) for arm in ablation.arms)
+    sft = {s_index: _successes(sft_eval, s_index) for s_index in range(most_seeds)}
     arms, finals = [], {}
-    for i, arm in enumerate(a.arms):
-        cells = [_read_cell(cell_dir(recipe, arm.name, s)) for s in arm_seeds(a, arm)]
+    for i, arm in enumerate(ablation.arms):
+        cells = [_read_cell(cell_dir(recipe, arm.name, s)) for s in arm_seeds(ablation, arm)]
         sft_pooled = {k: v for s_index in range(len(cells)) for k, v in sft[s_index].items()}
         final = {}
         for s_index, cell in enumerate(cells):
@@ -253,7 +254,7 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
             "wall_s": mean_interval([c["wall_s"] for c in cells]),
             "curve": _curve(cells),
         })
-    first = a.arms[0].name
+    first = ablation.arms[0].name
     sft_info = json.loads((sft_eval / "eval_info.json").read_text())
     target = arms[0]["curve"][-1]["success"]["mean"]  # the first arm's final held-out success
     first_needs = steps_to_reach(arms[0]["curve"], sft_info["overall"]["success_rate"], target)
@@ -264,7 +265,7 @@ def summarize_ablation(recipe, sft_eval: Path) -> dict:
     for entry in arms[1:]:  # on the seed indices both arms ran
         entry["vs_first_arm"] = paired_difference(finals[first], finals[entry["arm"]])
     return {"sft": sft_info["overall"], "eval_settings": sft_settings, "arms": arms, "first_arm": first,
-            "seeding": "paired: every arm uses the same GRPO seeds" if a.paired_seeds else
+            "seeding": "paired: every arm uses the same GRPO seeds" if ablation.paired_seeds else
                        f"independent: arm i uses GRPO seed s + {SEED_STRIDE} × i",
             "grpo": {k: v for k, v in asdict(recipe.grpo.grpo).items() if k != "seed"}}
 
