@@ -85,6 +85,8 @@ class _TorchOnDemand(types.ModuleType):
     attribute the module uses (it uses none of ours: see `read_init_states`)."""
 
     def __getattr__(self, name: str):
+        if sys.modules.get("torch") is self:  # used while standing in: the real torch takes its place
+            del sys.modules["torch"]
         import torch
 
         return getattr(torch, name)
@@ -98,11 +100,12 @@ def _import_benchmark():
         from libero.libero import benchmark
 
         return benchmark
-    sys.modules["torch"] = _TorchOnDemand("torch")
+    placeholder = sys.modules["torch"] = _TorchOnDemand("torch")
     try:
         from libero.libero import benchmark
     finally:
-        del sys.modules["torch"]
+        if sys.modules.get("torch") is placeholder:
+            del sys.modules["torch"]
     return benchmark
 
 
