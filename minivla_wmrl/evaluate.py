@@ -18,10 +18,12 @@ import hashlib
 import json
 import os
 import platform
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
+import numpy as np
 import torch
 
 from envs.factory import GYM, env_factory, env_pool
@@ -184,16 +186,37 @@ def success_rates(episodes: list[dict], samples_per_state: int) -> dict:
     return result
 
 
-def summarize(records: dict[tuple, dict], names: dict[int, tuple[str, str]], run_settings: dict) -> dict:
-    k = run_settings["samples_per_state"]
+def lerobot_aggregate(episodes: list[dict], video_dir: str = "") -> dict:
+    """LeRobot's aggregate keys for these episodes. A LIBERO episode's reward is 1 at success, where
+    it stops, so its sum and its max are both its success."""
+    successes = [bool(e["success"]) for e in episodes]
+    rate_ = float(np.mean(successes)) if successes else float("nan")
+    return {"avg_sum_reward": rate_, "avg_max_reward": rate_, "pc_success": 100 * rate_, "n_episodes": len(episodes),
+            "video_paths": [str(Path(video_dir) / e["video"]) for e in episodes if e.get("video")]}
+
+
+def summarize(records: dict[tuple, dict], names: dict[int, tuple[str, str]], run_settings: dict,
+              eval_s: float = float("nan"), out: str = "") -> dict:
+    """eval_info.json: our keys (counts, rates and Wilson intervals per task, suite and overall) and,
+    beside them, LeRobot's (`per_task[i].task_group/task_id/metrics`, `per_group`, and `pc_success`,
+    `n_episodes`, `eval_s`, `video_paths`, ... in `overall`), so tools that read LeRobot's eval files
+    read ours."""
+    k, suite = run_settings["samples_per_state"], run_settings["suite"]
     per_task = []
     for task in run_settings["tasks"]:
         episodes = sorted((r for key, r in records.items() if key[0] == task),
                           key=lambda r: (r["trial"], r.get("sample", 0)))
+        successes = [bool(e["success"]) for e in episodes]
+        metrics = {"sum_rewards": [float(x) for x in successes], "max_rewards": [float(x) for x in successes],
+                   "successes": successes, "video_paths": lerobot_aggregate(episodes, out)["video_paths"]}
         per_task.append({"task": task, "name": names[task][0], "instruction": names[task][1],
-                         **success_rates(episodes, k), "episodes": episodes})
-    overall = success_rates([e for t in per_task for e in t["episodes"]], k)
-    return {"per_task": per_task, "per_suite": {run_settings["suite"]: overall}, "overall": overall,
+                         **success_rates(episodes, k), "episodes": episodes,
+                         "task_group": suite, "task_id": task, "metrics": metrics})
+    everything = [e for t in per_task for e in t["episodes"]]
+    overall = success_rates(everything, k)
+    lerobot = lerobot_aggregate(everything, out)
+    return {"per_task": per_task, "per_suite": {suite: overall}, "per_group": {suite: lerobot},
+            "overall": {**overall, **lerobot, "eval_s": eval_s, "eval_ep_s": eval_s / max(len(everything), 1)},
             "complete": overall["trials"] == len(run_settings["tasks"]) * run_settings["trials"] * k,
             "settings": run_settings}
 
@@ -222,6 +245,7 @@ def markdown_table(info: dict) -> str:
 
 
 def evaluate(config: EvalConfig, progress: bool = True) -> dict:
+    start = time.perf_counter()
     check_config(config, "eval settings")  # before anything is written: a refused evaluation leaves no trace
     if config.samples_per_state > 1 and config.temperature <= 0:
         raise ValueError(f"samples_per_state {config.samples_per_state}: expected 1, or K > 1 with a temperature > 0 "
@@ -259,7 +283,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     else:
         _write_atomic(settings_path, json.dumps(run_settings, indent=2))
 
-    episodes_path = out / "episodes.jsonl"
+    episodes_path, info_path = out / "episodes.jsonl", out / "eval_info.json"
     records = read_episodes(episodes_path)
     rollout = RolloutConfig(config.execute_steps, config.temperature, config.seed,
                             record_frames=config.videos != "none")
@@ -296,8 +320,9 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                 specs = [EpisodeSpec(task_id, i, seed=i + SAMPLE_SEED_STRIDE * k, tag=(i, k)) for i, k in todo]
                 RolloutEngine(policy, envs, rollout, cameras).run(specs, on_episode, progress,
                                                                   desc=f"{config.suite} task {task}")
-    info = summarize(records, names, run_settings)
-    _write_atomic(out / "eval_info.json", json.dumps(info, indent=2))
+    previous = json.loads(info_path.read_text())["overall"].get("eval_s", 0.0) if info_path.exists() else 0.0
+    info = summarize(records, names, run_settings, previous + time.perf_counter() - start, str(out))
+    _write_atomic(info_path, json.dumps(info, indent=2))
     _write_atomic(out / "eval_table.md", markdown_table(info))
     return info
 
