@@ -1,7 +1,8 @@
 """A training run's metrics (`metrics.jsonl` + TensorBoard, optional wandb).
 
-On resume from step N, what an interrupted run logged after N is dropped, so the resumed log
-reads as one uninterrupted run.
+On resume from step N, what an interrupted run logged after N is dropped (from metrics.jsonl and,
+with `purge_step`, from TensorBoard), so the resumed log reads as one uninterrupted run; wandb
+resumes the same run (a stable id in the run directory).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import math
 import os
 import sys
+import uuid
 from pathlib import Path
 
 
@@ -32,6 +34,15 @@ def _read_records(path: Path) -> list[tuple[str, dict]]:
     return records
 
 
+def run_id(out: Path) -> str:
+    """The run directory's stable id (`run_id` file, made on first use): a resumed run logs to the
+    same wandb run."""
+    path = out / "run_id"
+    if not path.exists():
+        path.write_text(uuid.uuid4().hex[:12])
+    return path.read_text().strip()
+
+
 class MetricsLog:
     """Append records as JSON lines and TensorBoard scalars under `prefix/`; set WANDB_PROJECT to mirror to wandb."""
 
@@ -43,12 +54,14 @@ class MetricsLog:
         self.path.write_text("".join(line + "\n" for line, _ in kept))
         self.history = [record for _, record in kept]
         self.file = open(self.path, "a")
-        self.writer = SummaryWriter(Path(out) / "tensorboard")
+        # purge_step: TensorBoard drops what the interrupted run logged after the resumed step
+        self.writer = SummaryWriter(Path(out) / "tensorboard", purge_step=resume_step + 1 if resume_step else None)
         self.wandb = None
         if os.environ.get("WANDB_PROJECT"):
             import wandb  # optional: only when asked for
 
-            self.wandb = wandb.init(project=os.environ["WANDB_PROJECT"], dir=str(out), resume="allow")
+            self.wandb = wandb.init(project=os.environ["WANDB_PROJECT"], dir=str(out), id=run_id(Path(out)),
+                                    resume="allow")
 
     def write(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")

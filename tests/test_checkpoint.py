@@ -135,6 +135,23 @@ def test_metrics_cut_by_a_kill_lose_only_the_cut_line(tmp_path, capsys):
         MetricsLog(tmp_path, "sft", resume_step=3)
 
 
+def test_a_resumed_run_logs_each_step_once_in_tensorboard_and_keeps_its_run_id(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with MetricsLog(tmp_path, "sft") as log:
+        for step in (1, 2, 3, 4):
+            log.write({"step": step, "loss": float(step)})
+    with MetricsLog(tmp_path, "sft", resume_step=2) as log:  # killed after 4, resumed from the step-2 checkpoint
+        for step in (3, 4):
+            log.write({"step": step, "loss": 10.0 + step})
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("sft/loss")] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0)]
+    from minivla_wmrl.run_log import run_id
+
+    assert run_id(tmp_path) == run_id(tmp_path) == (tmp_path / "run_id").read_text() and len(run_id(tmp_path)) == 12
+
+
 def _truncate(path):
     path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
 
