@@ -2,6 +2,7 @@
 
 import functools
 import json
+import shutil
 import subprocess
 import sys
 
@@ -226,3 +227,25 @@ def test_the_policy_encoder_gives_frozen_checkpoint_features(tmp_path):
     reloaded = ProgressWorldModel.load(tmp_path / "wm")
     np.testing.assert_allclose(reloaded.predict(frames, ["open the drawer", "close the drawer"]).success,
                                prediction.success, rtol=1e-5)
+
+
+def test_the_timm_encoder_starts_from_local_pretrained_weights(tmp_path):
+    import timm
+    from safetensors.torch import save_file
+
+    pretrained = timm.create_model("resnet10t", pretrained=False)  # stands in for a Hub download of its weights
+    (tmp_path / "resnet10t").mkdir()
+    weights = {k: v.contiguous() for k, v in pretrained.state_dict().items()}
+    save_file(weights, tmp_path / "resnet10t" / "model.safetensors")
+    config = ProgressModelConfig(image_size=32, dim=32, layers=1, encoder_weights=str(tmp_path / "resnet10t"))
+    model = ProgressWorldModel(config)
+    assert torch.equal(model.encoder.conv1[0].weight, pretrained.conv1[0].weight)
+    assert not torch.equal(ProgressWorldModel(small_config()).encoder.conv1[0].weight, pretrained.conv1[0].weight)
+    (tmp_path / "wm").mkdir()
+    model.save(tmp_path / "wm")
+    shutil.rmtree(tmp_path / "resnet10t")  # a saved world model no longer needs the pretrained file
+    reloaded = ProgressWorldModel.load(tmp_path / "wm")
+    assert torch.equal(reloaded.encoder.conv1[0].weight, pretrained.conv1[0].weight)
+    assert reloaded.config.encoder_weights == str(tmp_path / "resnet10t")
+    with pytest.raises(FileNotFoundError, match="holds no model.safetensors"):
+        ProgressWorldModel(ProgressModelConfig(encoder_weights=str(tmp_path)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +42,9 @@ def register_frame_encoder(prefix: str, factory: Callable[[str], nn.Module]) -> 
 @dataclass
 class ProgressModelConfig:
     encoder: str = "resnet10t"  # a timm model name, or "<registered prefix>:<argument>", e.g. "policy:<checkpoint dir>"
+    # pretrained weights for the timm encoder: a local file (.safetensors, .bin, .pth) or a directory holding
+    # model.safetensors or pytorch_model.bin (a Hub download of the timm model); None: random initialisation
+    encoder_weights: str | None = None
     image_size: int = 96  # frames are resized to this before the timm encoder (the policy encoder uses its own)
     num_frames: int = 8  # frames sampled uniformly per trajectory
     dim: int = 128  # transformer width
@@ -58,11 +61,28 @@ class ProgressModelConfig:
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {unknown}; expected a subset of {sorted(declared)}")
         for key, value in data.items():
-            expected = type(declared[key].default) if declared[key].default is not MISSING else object
+            default = declared[key].default
+            if value is None and default is None:
+                continue
+            expected = object if default is MISSING else (str if default is None else type(default))
             if not isinstance(value, expected) or isinstance(value, bool) != (expected is bool):
                 if not (expected is float and isinstance(value, int) and not isinstance(value, bool)):
                     raise ValueError(f"{where}.{key}: expected {expected.__name__}, got {value!r}")
         return cls(**data)
+
+
+def timm_weights_file(path: str) -> Path:
+    """The weights file a local path names (a file, or a directory holding one)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        found = [path / name for name in ("model.safetensors", "pytorch_model.bin") if (path / name).is_file()]
+        if not found:
+            raise FileNotFoundError(f"world model encoder_weights {path} holds no model.safetensors "
+                                    "or pytorch_model.bin")
+        return found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"world model encoder_weights {path} does not exist")
+    return path
 
 
 def hash_words(instruction: str, buckets: int) -> list[int]:
@@ -84,7 +104,9 @@ class ProgressWorldModel(nn.Module, TrajectoryScorer):
         else:
             import timm
 
-            self.encoder = timm.create_model(config.encoder, pretrained=False, num_classes=0)
+            weights = timm_weights_file(config.encoder_weights) if config.encoder_weights else None
+            self.encoder = timm.create_model(config.encoder, pretrained=weights is not None, num_classes=0,
+                                             pretrained_cfg_overlay={"file": str(weights)} if weights else None)
         self.frame_proj = nn.Linear(self.encoder.num_features, config.dim)
         self.words = nn.EmbeddingBag(config.vocab_buckets, config.dim, mode="mean")
         self.position = nn.Parameter(torch.zeros(config.num_frames + 1, config.dim))
@@ -148,7 +170,9 @@ class ProgressWorldModel(nn.Module, TrajectoryScorer):
             raise ValueError(f"{directory}/config.json is not valid JSON ({error})") from None
         if meta.get("format") != FORMAT:
             raise ValueError(f"{directory}/config.json is not a {FORMAT} world model")
-        model = cls(ProgressModelConfig.from_dict(meta["config"], str(directory / "config.json")))
+        config = ProgressModelConfig.from_dict(meta["config"], str(directory / "config.json"))
+        model = cls(replace(config, encoder_weights=None))  # every weight comes from model.safetensors
+        model.config = config
         try:
             load_model(model, str(directory / "model.safetensors"), strict=True)
         except SafetensorError as error:
