@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from envs.vector_env import EnvFactory, EnvFailure, EnvInfo, EnvPool, forwarded_env_vars
+from envs.base import EnvInfo
+from envs.vector_env import EnvFactory, EnvFailure, EnvPool, forwarded_env_vars
 
 
 class _EnvActor:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from envs.base import Observation, RobotEnv, StepResult
+from envs.base import EnvInfo, Observation, RobotEnv, StepResult
 
 EnvFactory = Callable[[], RobotEnv]
 
@@ -28,21 +28,6 @@ class EnvFailure:
     """An env whose worker crashed, hung past the timeout, or raised; the worker has been restarted."""
 
     reason: str
-
-
-@dataclass
-class EnvInfo:
-    task_id: str
-    instruction: str
-    action_dim: int
-    max_steps: int
-    num_init_states: int | None
-    cameras: tuple[str, ...]
-
-
-    @classmethod
-    def of(cls, env: RobotEnv) -> EnvInfo:
-        return cls(env.task_id, env.instruction, env.action_dim, env.max_steps, env.num_init_states, env.cameras)
 
 
 FORWARDED_ENV_PREFIXES = ("LIBERO_", "MUJOCO_", "PYOPENGL_", "MESA_", "MINIVLA_WMRL_")

@@ -2,7 +2,7 @@
 
 On resume from step N, what an interrupted run logged after N is dropped (from metrics.jsonl and,
 with `purge_step`, from TensorBoard), so the resumed log reads as one uninterrupted run; wandb
-resumes the same run (a stable id in the run directory).
+continues the same run (its id is kept in the run directory); a run that starts over is a new one.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ def _read_records(path: Path) -> list[tuple[str, dict]]:
     return records
 
 
-def run_id(out: Path) -> str:
-    """The run directory's stable id (`run_id` file, made on first use): a resumed run logs to the
-    same wandb run."""
+def run_id(out: Path, new: bool = False) -> str:
+    """The run directory's id for wandb (`run_id` file): made when a run starts over (`new`) or on
+    first use, kept by resumes."""
     path = out / "run_id"
-    if not path.exists():
+    if new or not path.exists():
         path.write_text(uuid.uuid4().hex[:12])
     return path.read_text().strip()
 
@@ -54,14 +54,17 @@ class MetricsLog:
         self.path.write_text("".join(line + "\n" for line, _ in kept))
         self.history = [record for _, record in kept]
         self.file = open(self.path, "a")
-        # purge_step: TensorBoard drops what the interrupted run logged after the resumed step
-        self.writer = SummaryWriter(Path(out) / "tensorboard", purge_step=resume_step + 1 if resume_step else None)
+        # purge_step: TensorBoard drops what an earlier run in this directory logged after the resumed
+        # step (all of it when starting over)
+        self.writer = SummaryWriter(Path(out) / "tensorboard", purge_step=resume_step + 1)
         self.wandb = None
         if os.environ.get("WANDB_PROJECT"):
             import wandb  # optional: only when asked for
 
-            self.wandb = wandb.init(project=os.environ["WANDB_PROJECT"], dir=str(out), id=run_id(Path(out)),
-                                    resume="allow")
+            # a resume continues the same run: the steps it logs again after the checkpoint are the ones
+            # the interrupted run logged (resume is exact), which wandb keeps; starting over is a new run
+            self.wandb = wandb.init(project=os.environ["WANDB_PROJECT"], dir=str(out),
+                                    id=run_id(Path(out), new=not resume_step), resume="allow")
 
     def write(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")

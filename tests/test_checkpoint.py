@@ -149,7 +149,14 @@ def test_a_resumed_run_logs_each_step_once_in_tensorboard_and_keeps_its_run_id(t
     assert [(e.step, e.value) for e in events.Scalars("sft/loss")] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0)]
     from minivla_wmrl.run_log import run_id
 
-    assert run_id(tmp_path) == run_id(tmp_path) == (tmp_path / "run_id").read_text() and len(run_id(tmp_path)) == 12
+    kept = run_id(tmp_path)
+    assert run_id(tmp_path) == kept == (tmp_path / "run_id").read_text() and len(kept) == 12
+    assert run_id(tmp_path, new=True) != kept  # a run that starts over gets a new one
+    with MetricsLog(tmp_path, "sft") as log:  # starting over in the same directory: the old curve goes
+        log.write({"step": 1, "loss": 7.0})
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("sft/loss")] == [(1, 7.0)]
 
 
 def _truncate(path):

@@ -209,6 +209,9 @@ def test_envs_and_world_models_stand_alone():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 1 and "imported minivla_wmrl" not in done.stderr
     assert "no frame encoder is registered as 'policy'" in done.stderr
+    registered = ("import minivla_wmrl.train.wm\nfrom world_models.progress_model import FRAME_ENCODERS\n"
+                  "assert 'policy' in FRAME_ENCODERS\n")  # the wm command builds policy-encoder world models
+    assert subprocess.run([sys.executable, "-c", registered], capture_output=True, text=True).returncode == 0
 
 
 def test_the_policy_encoder_gives_frozen_checkpoint_features(tmp_path):

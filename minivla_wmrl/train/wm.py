@@ -33,6 +33,7 @@ from tqdm import tqdm
 from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.checkpoint import global_rng_state, restore_global_rng, resume_checkpoint, run_lock, save_checkpoint
 from minivla_wmrl.config import Range, check_config, load_recipe
+import minivla_wmrl.policy.frame_encoder  # noqa: F401 - registers the world model's "policy:<checkpoint>" encoder
 from minivla_wmrl.data.trajectories import (LabelledTrajectory, demo_trajectories, load_trajectories,
                                             rollout_trajectories, save_trajectories)
 from minivla_wmrl.run_log import MetricsLog
