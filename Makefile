@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q --no-deps libero==0.1.1
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,lerobot]"
 	touch $(STAMP)
 
 lint: $(STAMP)

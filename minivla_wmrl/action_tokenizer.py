@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.checkpoint import load_weights, read_json
 from minivla_wmrl.config import config_from_dict
+from minivla_wmrl.pretrained import AtomicPretrained
 
 
 @dataclass
@@ -69,7 +69,7 @@ class _MLP(nn.Module):
         return self.fc(self.encoder(x))
 
 
-class ActionTokenizer(nn.Module):
+class ActionTokenizer(nn.Module, AtomicPretrained):
     """Action chunk (B, chunk_len, action_dim) ⇄ codes (B, num_codebooks) ⇄ token ids."""
 
     def __init__(self, config: ActionTokenizerConfig | None = None):
@@ -149,14 +149,15 @@ class ActionTokenizer(nn.Module):
 
     # -- persistence ---------------------------------------------------------------------------
 
-    def save(self, directory: Path) -> None:
-        """Write `config.json` + `model.safetensors` atomically (temp dir, then rename)."""
+    _pretrained_kind = "action tokenizer"
+
+    def _save_pretrained(self, directory: Path) -> None:
+        """`config.json` + `model.safetensors` (save_pretrained writes them atomically, with a model card)."""
         from safetensors.torch import save_file
 
-        with atomic_directory(directory) as tmp:
-            (tmp / "config.json").write_text(json.dumps(asdict(self.config), indent=2))
-            save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
-                      tmp / "model.safetensors")
+        (directory / "config.json").write_text(json.dumps(asdict(self.config), indent=2))
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
+                  directory / "model.safetensors")
 
     @classmethod
     def load(cls, directory: Path, map_location: str = "cpu") -> ActionTokenizer:

@@ -68,7 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
     demos.add_argument("--first-init-state", type=int, default=0)
     demos.add_argument("--max-episodes", type=int, default=50, help="init states tried per task at most")
     demos.add_argument("--resolution", type=int, default=128, help="camera size stored (LIBERO's files: 128)")
+    demos.add_argument("--format", choices=["hdf5", "lerobot"], default="hdf5",
+                       help="hdf5: one LIBERO file per task; lerobot: one LeRobot dataset of all tasks in --out")
+    demos.add_argument("--lerobot-version", choices=["v3.0", "v2.1"], default="v3.0")
+    demos.add_argument("--video", action="store_true", help="lerobot: cameras as AV1 mp4 (lossy) instead of PNG")
     demos.set_defaults(run=_main_of("minivla_wmrl.data.demos"))
+
+    export = commands.add_parser("export", help="write collected rollouts (trajectory files) as a LeRobot dataset")
+    export.add_argument("trajectories", nargs="+", help="trajectory hdf5 files written by wm (collected rollouts)")
+    export.add_argument("--out", required=True, help="the LeRobot dataset directory to write")
+    export.add_argument("--fps", type=int, default=10, help="frame rate recorded in meta/info.json")
+    export.add_argument("--lerobot-version", choices=["v3.0", "v2.1"], default="v3.0")
+    export.add_argument("--video", action="store_true", help="cameras as AV1 mp4 (lossy) instead of PNG")
+    export.set_defaults(run=_main_of("minivla_wmrl.data.trajectories"))
 
     vq = commands.add_parser("vq", help="train the residual-VQ action tokenizer on demonstration files")
     vq.add_argument("--data", nargs="+", required=True, help="LIBERO hdf5 demonstration files or directories of them")

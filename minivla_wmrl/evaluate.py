@@ -31,8 +31,8 @@ from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_s
 from minivla_wmrl.atomic import atomic_file, output_directory
 from minivla_wmrl.config import Range, check_config, command_line_parser, config_from_dict
 from minivla_wmrl.init_states import evaluation_init_states
-from minivla_wmrl.policy.checkpoint import load_policy
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
+from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from minivla_wmrl.statistics import rate
 from minivla_wmrl.video import write_episode_video
@@ -277,7 +277,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         trial_ids = {task: evaluation_init_states(config.trials, len(read_init_states(bench, task)),
                                                   config.first_trial) for task in tasks}
         action_dim = LiberoEnv.action_dim
-    policy = load_policy(Path(config.checkpoint), device=config.device, dtype=DTYPES[config.dtype])
+    policy = MiniVLA.from_pretrained(config.checkpoint, device=config.device, dtype=DTYPES[config.dtype])
     _check_policy(policy, config.checkpoint, action_dim)
 
     out = output_directory(Path(config.out))

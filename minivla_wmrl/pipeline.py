@@ -224,13 +224,13 @@ class Pipeline:
 
         from minivla_wmrl.atomic import atomic_directory
         from minivla_wmrl.checkpoint import RUN_FILES
-        from minivla_wmrl.policy.checkpoint import import_prismatic, save_policy
+        from minivla_wmrl.policy.checkpoint import import_prismatic
         from minivla_wmrl.train.sft import train_sft
 
         w = self.r.weights
         if w.minivla_run_dir and not (self.out / "pretrained").exists():
-            save_policy(import_prismatic(Path(w.minivla_run_dir), Path(w.vq_dir), Path(w.qwen_dir),
-                                         self.r.sft.policy.preset, w.unnorm_key), self.out / "pretrained")
+            import_prismatic(Path(w.minivla_run_dir), Path(w.vq_dir), Path(w.qwen_dir), self.r.sft.policy.preset,
+                             w.unnorm_key).save_pretrained(self.out / "pretrained")
         result = train_sft(self.r.sft)
         with atomic_directory(self.out / "sft" / "final") as tmp:  # the checkpoint later stages start from
             shutil.copytree(result["checkpoint"], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*RUN_FILES))

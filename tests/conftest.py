@@ -36,3 +36,14 @@ def drawer_actions(libero_env):
     actions = run_expert(libero_env, 0)
     assert libero_env.success, "the scripted drawer expert must solve libero_90 task 0 from init state 0"
     return actions, libero_env.success_step
+
+
+@pytest.fixture(scope="session")
+def demos(tmp_path_factory):
+    """Three scripted demos of libero_90 task 0 recorded in the real simulator (both cameras, 128 px)."""
+    from minivla_wmrl.data.demos import generate_demos
+
+    out = tmp_path_factory.mktemp("demos")
+    report = generate_demos("libero_90", 0, num=3, out=out, init_states=[0, 1, 2, 3])
+    assert report["succeeded"] == 3 and report["success_rate"] == 1.0
+    return out / f"{report['name']}_demo.hdf5"

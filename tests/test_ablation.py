@@ -11,7 +11,6 @@ import yaml
 
 from envs.point_reach import ENV_ID
 from minivla_wmrl.cli import main as cli
-from minivla_wmrl.policy.checkpoint import save_policy
 from tests.test_learning import EPISODE_STEPS, IMAGE, INSTRUCTION, goal_for, weak_policy
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 
@@ -23,10 +22,10 @@ def recipe_path(tmp_path_factory):
     out = root / "run"
     policy = weak_policy()
     goal = goal_for(policy)
-    save_policy(policy, out / "sft" / "final")
+    policy.save_pretrained(out / "sft" / "final")
     (out / "vq" / "action_tokenizer").mkdir(parents=True)
     (out / "wm" / "world_model").mkdir(parents=True)
-    ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1, dropout=0.0)).save(
+    ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1, dropout=0.0)).save_pretrained(
         out / "wm" / "world_model")
     recipe = {
         "out": str(out), "suite": "gym", "tasks": [ENV_ID], "data": [str(root)],

@@ -78,8 +78,8 @@ def test_encoding_never_moves_the_codebooks(trained):
 @pytest.mark.simulator
 def test_save_and_load_reproduce_codes_and_chunks(trained, tmp_path):
     tokenizer, _, val_chunks = trained
-    tokenizer.save(tmp_path / "vq")
-    loaded = ActionTokenizer.load(tmp_path / "vq")
+    tokenizer.save_pretrained(tmp_path / "vq")
+    loaded = ActionTokenizer.from_pretrained(tmp_path / "vq")
     codes = tokenizer.encode(val_chunks)
     assert torch.equal(loaded.encode(val_chunks), codes)
     assert torch.equal(loaded.decode(codes), tokenizer.decode(codes))
@@ -106,7 +106,7 @@ def test_released_vq_folder_loads_with_identical_outputs(trained, tmp_path):
     state = torch.load(tmp_path / "released" / "checkpoints" / "model.pt", weights_only=True)
     assert {"encoder.0.weight", "encoder.2.weight", "fc.weight"} <= set(state["encoder"])
     assert state["vq_embedding"]["layers.6._codebook.embed"].shape == (1, 128, 512)
-    loaded = ActionTokenizer.load(tmp_path / "released")
+    loaded = ActionTokenizer.from_pretrained(tmp_path / "released")
     assert torch.equal(loaded.encode(val_chunks), tokenizer.encode(val_chunks))
 
 
@@ -118,7 +118,7 @@ def test_mismatched_config_and_bad_chunks_are_named(trained, tmp_path):
     (tmp_path / "released" / "config.json").write_text(json.dumps(config | {"vqvae_n_embed": 64}))
     with pytest.raises(ValueError, match=r"do not match its config: "
                                          r".*layers.0._codebook.embed: \(1, 128, 512\) vs config \(1, 64, 512\)"):
-        ActionTokenizer.load(tmp_path / "released")
+        ActionTokenizer.from_pretrained(tmp_path / "released")
     with pytest.raises(ValueError, match=r"action chunks have shape \(2, 7, 7\); expected \(batch, 8, 7\)"):
         tokenizer.encode(np.zeros((2, 7, 7)))
     with pytest.raises(ValueError, match="NaN"):
@@ -177,7 +177,7 @@ def _reference_mlp(state, x):
 
 def test_a_vq_folder_written_by_vqbet_loads_and_codes_as_vqbet_computes(tmp_path):
     encoder, decoder, codebooks, act_scale = write_vqbet_folder(tmp_path / "vq")
-    tokenizer = ActionTokenizer.load(tmp_path / "vq")  # VQ-BeT's `initted` is (1,), the pip library's ()
+    tokenizer = ActionTokenizer.from_pretrained(tmp_path / "vq")  # VQ-BeT's `initted` is (1,), the pip library's ()
     assert tokenizer.config.act_scale == act_scale and tokenizer.config.num_codebooks == 3
     chunks = torch.randn(64, 8, 7, generator=torch.Generator().manual_seed(1))
     residual, expected = _reference_mlp(encoder, chunks.reshape(64, 56) / act_scale), []

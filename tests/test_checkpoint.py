@@ -182,21 +182,21 @@ def _other_size(path, *keys):
 ])
 def test_damaged_model_files_are_named(tmp_path, kind, damage, message):
     from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-    from minivla_wmrl.policy.checkpoint import load_policy, save_policy
+    from minivla_wmrl.policy.minivla import MiniVLA
     from tests.tiny_policy import make_policy
     from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 
     directory = tmp_path / kind
     if kind == "policy":
-        save_policy(make_policy(seed=1), directory)
-        load, size_keys = load_policy, ("policy", "llm", "hidden_size")
+        make_policy(seed=1).save_pretrained(directory)
+        load, size_keys = MiniVLA.from_pretrained, ("policy", "llm", "hidden_size")
     elif kind == "world_model":
         directory.mkdir()
-        ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1)).save(directory)
-        load, size_keys = ProgressWorldModel.load, ("config", "dim")
+        ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1)).save_pretrained(directory)
+        load, size_keys = ProgressWorldModel.from_pretrained, ("config", "dim")
     else:
-        ActionTokenizer(ActionTokenizerConfig()).save(directory)
-        load, size_keys = ActionTokenizer.load, ("codebook_size",)
+        ActionTokenizer(ActionTokenizerConfig()).save_pretrained(directory)
+        load, size_keys = ActionTokenizer.from_pretrained, ("codebook_size",)
     if damage == "other size":
         _other_size(directory / "config.json", *size_keys)
     else:

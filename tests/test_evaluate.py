@@ -15,7 +15,6 @@ import pytest
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.evaluate import EvalConfig, evaluate, read_episodes
 from minivla_wmrl.init_states import check_disjoint, select_rl_init_states, training_init_states
-from minivla_wmrl.policy.checkpoint import save_policy
 from tests.tiny_policy import make_policy
 
 MAX_STEPS = 16  # two 8-action queries per episode
@@ -23,7 +22,8 @@ MAX_STEPS = 16  # two 8-action queries per episode
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return save_policy(make_policy(seed=7), tmp_path_factory.mktemp("ckpt") / "policy")
+    make_policy(seed=7).save_pretrained(directory := tmp_path_factory.mktemp("ckpt") / "policy")
+    return directory
 
 
 def config(checkpoint, out, **overrides) -> EvalConfig:
@@ -108,7 +108,7 @@ def test_bad_checkpoints_and_tasks_are_clear_errors(checkpoint, tmp_path):
     mismatched = tmp_path / "mismatched"
     shutil.copytree(checkpoint, mismatched)
     shutil.rmtree(mismatched / "action_tokenizer")
-    ActionTokenizer(ActionTokenizerConfig(num_codebooks=5)).save(mismatched / "action_tokenizer")
+    ActionTokenizer(ActionTokenizerConfig(num_codebooks=5)).save_pretrained(mismatched / "action_tokenizer")
     with pytest.raises(ValueError, match="5 codebooks"):
         evaluate(config(mismatched, tmp_path / "b"), progress=False)
     with pytest.raises(ValueError, match="unknown LIBERO suite 'libero_100'"):
@@ -166,7 +166,7 @@ def test_samples_per_state_report_avg_best_and_all_at_k_and_resume_per_sample(ch
 def test_compare_pairs_shared_episodes_and_refuses_other_settings(checkpoint, tmp_path, capsys):
     from minivla_wmrl.cli import main as cli
 
-    other = save_policy(make_policy(seed=8), tmp_path / "other")
+    make_policy(seed=8).save_pretrained(other := tmp_path / "other")
     run = lambda ckpt, out, **kw: evaluate(config(ckpt, tmp_path / out, tasks=["0"], trials=3, videos="none", **kw),  # noqa: E731
                                            progress=False)
     run(checkpoint, "a"), run(checkpoint, "a_again"), run(other, "b"), run(checkpoint, "c", execute_steps=4)

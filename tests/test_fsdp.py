@@ -8,7 +8,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from minivla_wmrl.fsdp import full_parameters, policy_weights, shard_policy, shard_units
-from minivla_wmrl.policy.checkpoint import load_policy, save_policy, write_policy
+from minivla_wmrl.policy.checkpoint import write_policy
+from minivla_wmrl.policy.minivla import MiniVLA
 from tests.tiny_policy import make_policy
 
 INSTRUCTIONS = ["open the top drawer of the cabinet"] * 3
@@ -52,9 +53,10 @@ def test_a_sharded_policy_generates_like_the_full_one_and_saves_full_weights(tmp
     from safetensors.torch import load_file
 
     saved = load_file(tmp_path / "checkpoint" / "model.safetensors")
-    unsharded = load_file(save_policy(reference, tmp_path / "unsharded") / "model.safetensors")
+    reference.save_pretrained(tmp_path / "unsharded")
+    unsharded = load_file(tmp_path / "unsharded" / "model.safetensors")
     assert saved.keys() == unsharded.keys()  # the tied embeddings under the name save_model keeps
-    loaded = load_policy(tmp_path / "checkpoint")  # strict
+    loaded = MiniVLA.from_pretrained(tmp_path / "checkpoint")  # strict
     expected = reference.state_dict()
     assert loaded.state_dict().keys() == expected.keys()
     for name, tensor in loaded.state_dict().items():

@@ -13,7 +13,6 @@ import torch
 from envs.libero_env import LiberoEnv
 from envs.vector_env import VectorEnv
 from minivla_wmrl.config import config_from_dict
-from minivla_wmrl.policy.checkpoint import save_policy
 from minivla_wmrl.train.grpo import REWARD_MODES, GRPORecipe, train_grpo
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
@@ -34,11 +33,11 @@ def envs():
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("grpo_start")
-    policy = save_policy(make_policy(seed=13), root / "policy")
+    make_policy(seed=13).save_pretrained(policy := root / "policy")
     torch.manual_seed(0)
     world_model = root / "world_model"
     world_model.mkdir()
-    ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1, dropout=0.0)).save(world_model)
+    ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1, dropout=0.0)).save_pretrained(world_model)
     return policy, world_model
 
 

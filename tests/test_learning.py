@@ -18,7 +18,6 @@ from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.config import config_from_dict
 from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.policy import MiniVLA, preset
-from minivla_wmrl.policy.checkpoint import save_policy
 from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
 from minivla_wmrl.train.grpo import GRPORecipe, train_grpo
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
@@ -68,10 +67,10 @@ def start(tmp_path_factory):
     root = tmp_path_factory.mktemp("learning")
     policy = weak_policy()
     goal = goal_for(policy)
-    checkpoint = save_policy(policy, root / "policy")
+    policy.save_pretrained(checkpoint := root / "policy")
     world_model = root / "world_model"  # scores for the log only: sparse rewards are the real outcomes
     world_model.mkdir()
-    ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1, dropout=0.0)).save(world_model)
+    ProgressWorldModel(ProgressModelConfig(image_size=32, dim=32, layers=1, dropout=0.0)).save_pretrained(world_model)
     return checkpoint, world_model, goal
 
 

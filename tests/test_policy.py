@@ -11,7 +11,7 @@ from PIL import Image
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.policy import MiniVLA, preset
-from minivla_wmrl.policy.checkpoint import import_prismatic, load_policy, save_policy
+from minivla_wmrl.policy.checkpoint import import_prismatic
 from minivla_wmrl.policy.tokenizer import build_prompt, tiny_qwen_style_tokenizer
 from tests.tiny_policy import make_policy
 
@@ -122,10 +122,10 @@ def test_save_and_load_reproduce_outputs_exactly(images, tmp_path, lora):
             for name, parameter in policy.llm.named_parameters():
                 if "lora_B" in name:
                     parameter.normal_()  # non-zero adapters, so saving them matters
-    save_policy(policy, tmp_path / "ckpt", dataset_name="libero_90")
+    policy.save_pretrained(tmp_path / "ckpt")
     assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {
-        "config.json", "model.safetensors", "tokenizer", "action_tokenizer", "dataset_statistics.json"}
-    loaded = load_policy(tmp_path / "ckpt")
+        "config.json", "model.safetensors", "tokenizer", "action_tokenizer", "dataset_statistics.json", "README.md"}
+    loaded = MiniVLA.from_pretrained(tmp_path / "ckpt")
     a, b = policy.generate(images, INSTRUCTIONS), loaded.generate(images, INSTRUCTIONS)
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.log_probs, b.log_probs)
     np.testing.assert_array_equal(a.actions, b.actions)

@@ -13,18 +13,8 @@ import torch
 from minivla_wmrl.config import config_from_dict, load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import DemoDataset, read_episodes
-from minivla_wmrl.data.demos import generate_demos
 from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.train.sft import SFTRecipe, train_sft
-
-
-@pytest.fixture(scope="module")
-def demos(tmp_path_factory):
-    """Three scripted demos of libero_90 task 0 recorded in the real simulator (both cameras, 128 px)."""
-    out = tmp_path_factory.mktemp("demos")
-    report = generate_demos("libero_90", 0, num=3, out=out, init_states=[0, 1, 2, 3])
-    assert report["succeeded"] == 3 and report["success_rate"] == 1.0
-    return out / f"{report['name']}_demo.hdf5"
 
 
 @pytest.mark.simulator

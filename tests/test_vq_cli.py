@@ -22,7 +22,7 @@ def test_vq_command_trains_and_writes_tokenizer_and_statistics(expert_demo_file,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "held-out reconstruction L1" in done.stdout and "8 train, 2 held out" in done.stdout
-    tokenizer = ActionTokenizer.load(tmp_path / "action_tokenizer")
+    tokenizer = ActionTokenizer.from_pretrained(tmp_path / "action_tokenizer")
     stats = read_statistics(tmp_path / "dataset_statistics.json")["libero"]
     assert stats.num_trajectories == 8 and stats.mask.tolist() == [True] * 6 + [False]
     metrics = [json.loads(line) for line in (tmp_path / "vq_metrics.jsonl").read_text().splitlines()]
@@ -87,5 +87,5 @@ def test_float_frames_and_damaged_frames_are_named(tmp_path):
     episodes = read_episodes([path])
     dataset = DemoDataset(episodes, ActionStatistics.from_actions(actions, num_trajectories=1), image_size=8)
     dataset[0]  # an intact frame reads
-    with pytest.raises(ValueError, match=r"damaged.hdf5: data/demo_0/obs/\['agentview_rgb'\] frame 3 cannot be read"):
+    with pytest.raises(ValueError, match=r"damaged.hdf5: data/demo_0/obs/agentview_rgb frames \[3\] cannot be read"):
         dataset[int(np.flatnonzero(episodes[0].frames == 3)[0])]

@@ -130,7 +130,7 @@ def test_online_update_and_save_load_round_trip(labelled, tmp_path):
     before = [p.detach().clone() for p in model.parameters()]
     loss = trainer.update(demos[:2] + failed[:2], steps=2)
     assert np.isfinite(loss) and any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    model.save(tmp_path)
+    model.save_pretrained(tmp_path)
     loaded = make_scorer("progress", path=str(tmp_path))
     frames, instructions = [t.frames for t in demos[:3]], [t.instruction for t in demos[:3]]
     np.testing.assert_allclose(loaded.score(frames, instructions), model.score(frames, instructions), atol=1e-6)
@@ -215,10 +215,9 @@ def test_envs_and_world_models_stand_alone():
 
 
 def test_the_policy_encoder_gives_frozen_checkpoint_features(tmp_path):
-    from minivla_wmrl.policy.checkpoint import save_policy
     from tests.tiny_policy import make_policy
 
-    save_policy(make_policy(), tmp_path / "policy")
+    make_policy().save_pretrained(tmp_path / "policy")
     model = ProgressWorldModel(ProgressModelConfig(encoder=f"policy:{tmp_path / 'policy'}", dim=32, layers=1))
     assert not any(p.requires_grad for p in model.encoder.parameters())
     frames = np.random.default_rng(0).integers(0, 256, (2, model.config.num_frames, 40, 40, 3), dtype=np.uint8)
@@ -226,8 +225,8 @@ def test_the_policy_encoder_gives_frozen_checkpoint_features(tmp_path):
     assert prediction.progress.shape == (2, model.config.num_frames) and prediction.success.shape == (2,)
     assert np.all((prediction.success > 0) & (prediction.success < 1))
     (tmp_path / "wm").mkdir()
-    model.save(tmp_path / "wm")
-    reloaded = ProgressWorldModel.load(tmp_path / "wm")
+    model.save_pretrained(tmp_path / "wm")
+    reloaded = ProgressWorldModel.from_pretrained(tmp_path / "wm")
     np.testing.assert_allclose(reloaded.predict(frames, ["open the drawer", "close the drawer"]).success,
                                prediction.success, rtol=1e-5)
 
@@ -245,9 +244,9 @@ def test_the_timm_encoder_starts_from_local_pretrained_weights(tmp_path):
     assert torch.equal(model.encoder.conv1[0].weight, pretrained.conv1[0].weight)
     assert not torch.equal(ProgressWorldModel(small_config()).encoder.conv1[0].weight, pretrained.conv1[0].weight)
     (tmp_path / "wm").mkdir()
-    model.save(tmp_path / "wm")
+    model.save_pretrained(tmp_path / "wm")
     shutil.rmtree(tmp_path / "resnet10t")  # a saved world model no longer needs the pretrained file
-    reloaded = ProgressWorldModel.load(tmp_path / "wm")
+    reloaded = ProgressWorldModel.from_pretrained(tmp_path / "wm")
     assert torch.equal(reloaded.encoder.conv1[0].weight, pretrained.conv1[0].weight)
     assert reloaded.config.encoder_weights == str(tmp_path / "resnet10t")
     with pytest.raises(FileNotFoundError, match="holds no model.safetensors"):

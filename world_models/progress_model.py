@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from world_models.pretrained import Pretrained
 from world_models.scorer import Prediction, TrajectoryScorer
 
 FORMAT = "minivla-wmrl-world-model/1"
@@ -89,7 +90,9 @@ def hash_words(instruction: str, buckets: int) -> list[int]:
     return [zlib.crc32(w.encode()) % buckets for w in instruction.lower().split()] or [0]
 
 
-class ProgressWorldModel(nn.Module, TrajectoryScorer):
+class ProgressWorldModel(nn.Module, TrajectoryScorer, Pretrained):
+    _pretrained_kind = "world model"
+
     def __init__(self, config: ProgressModelConfig):
         super().__init__()
         self.config, self.num_frames = config, config.num_frames
@@ -147,8 +150,9 @@ class ProgressWorldModel(nn.Module, TrajectoryScorer):
         self.train(training)
         return Prediction(torch.sigmoid(progress).cpu().numpy(), torch.sigmoid(success).cpu().numpy())
 
-    def save(self, directory: Path) -> None:
-        """Write `config.json` + `model.safetensors` into an existing directory (callers make it atomic)."""
+    def _save_pretrained(self, directory: Path) -> None:
+        """`config.json` + `model.safetensors` (save_pretrained adds a model card); a trainer writes into a
+        temporary directory it renames when complete."""
         from safetensors.torch import save_model
 
         directory = Path(directory)

@@ -5,7 +5,8 @@ Built in:
   fresh from config fields;
 - `callable`: wraps any Python callable given as `fn` (an object, or "module:attribute");
 - `directory`: a pretrained model in a local directory holding `scorer.py`, which defines
-  `load_scorer(directory) -> fn`.
+  `load_scorer(directory) -> fn`;
+- `robometer`: the published Robometer progress model (WMRL's embodied scorer) from a local directory.
 
 The contract of `fn`: `fn(frames, instructions) -> (progress, success)`, where `frames` is a
 uint8 array (B, num_frames, H, W, 3) of frames sampled uniformly from each trajectory (first and
@@ -91,5 +92,8 @@ def _progress_model(path: str | None = None, device: str = "cpu", **config) -> T
     if path is not None:
         if config:
             raise ValueError(f"world model 'progress' loaded from {path} takes no config fields, got {sorted(config)}")
-        return ProgressWorldModel.load(Path(path), device)
+        return ProgressWorldModel.from_pretrained(path, device=device)
     return ProgressWorldModel(ProgressModelConfig.from_dict(config)).to(device)
+
+
+import world_models.robometer  # noqa: E402,F401  (registers "robometer"; it imports this module's register_scorer)

@@ -1,4 +1,5 @@
-"""`minivla-wmrl demos`: scripted demonstrations in the real simulator, written as LIBERO hdf5.
+"""`minivla-wmrl demos`: scripted demonstrations in the real simulator, written as LIBERO hdf5
+(or, with `--format lerobot`, converted to one LeRobot dataset: see `data.lerobot`).
 
 Each task's file (`<TASK_NAME>_demo.hdf5`) has the original LIBERO layout: `data` attributes
 (env_name, problem_info, macros_image_convention, bddl_file_name, bddl_file_content, env_args,
@@ -11,6 +12,7 @@ num_demos, total), one `data/demo_N` group per successful episode with `num_samp
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from tqdm import tqdm
 from envs.experts import expert_for
 from minivla_wmrl.atomic import atomic_file, output_directory
 from envs.libero_env import LiberoEnv
+
+CONTROL_HZ = 20  # LIBERO's OSC_POSE control rate: one recorded step per control step
 
 
 @dataclass
@@ -64,7 +68,7 @@ def _write_task_file(path: Path, env: LiberoEnv, episodes: list[Episode]) -> Non
             env_args=json.dumps({"type": 1, "env_name": env.problem_name, "bddl_file": str(bddl),
                                  "env_kwargs": {"camera_heights": env.resolution, "camera_widths": env.resolution,
                                                 "camera_names": ["agentview", "robot0_eye_in_hand"],
-                                                "control_freq": 20, "controller": "OSC_POSE"}}),
+                                                "control_freq": CONTROL_HZ, "controller": "OSC_POSE"}}),
             num_demos=len(episodes), total=sum(len(e.actions) for e in episodes))
         for i, episode in enumerate(episodes):
             demo = data.create_group(f"demo_{i}")
@@ -120,7 +124,23 @@ def generate_demos(suite: str, task: int | str, num: int, out: Path, init_states
 def main(args) -> None:
     out = Path(args.out)
     init_states = list(range(args.first_init_state, args.first_init_state + args.max_episodes))
-    reports = [generate_demos(args.suite, task, args.num, out, init_states, args.resolution) for task in args.tasks]
+    if args.format == "lerobot":  # the hdf5 files are an intermediate, removed once converted
+        from minivla_wmrl.data.lerobot import iter_hdf5_demos, write_lerobot
+
+        output_directory(out.parent)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.hdf5.") as hdf5:
+            reports = [generate_demos(args.suite, task, args.num, Path(hdf5), init_states, args.resolution)
+                       for task in args.tasks]
+            files = [Path(r["file"]) for r in reports if r["file"]]
+            if not files:
+                raise ValueError("demos: no scripted episode succeeded; nothing to write")
+            write_lerobot(out, iter_hdf5_demos(files), fps=CONTROL_HZ, version=args.lerobot_version,
+                          video=args.video)
+        for r in reports:
+            r["file"] = str(out) if r["file"] else None
+    else:
+        reports = [generate_demos(args.suite, task, args.num, out, init_states, args.resolution)
+                   for task in args.tasks]
     print("| task | name | scripted success | demos written |\n|---|---|---|---|")
     for r in reports:
         print(f"| {r['task']} | {r['name']} | {r['succeeded']}/{r['tried']} = {r['success_rate']:.0%} "

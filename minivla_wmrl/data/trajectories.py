@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.data.dataset import IMAGE_TRANSFORMS, open_hdf5, read_episodes, resize_frames
+from minivla_wmrl.data.dataset import open_hdf5, read_episodes, resize_frames, upright_frames
 
 
 @dataclass
@@ -30,16 +30,10 @@ class LabelledTrajectory:
 def demo_trajectories(paths: Sequence[str], size: int, stride: int = 8, image_convention: str = "minivla",
                       image_key: str = "agentview_rgb") -> list[LabelledTrajectory]:
     """Each demo's agent-view frames at every `stride`-th kept step and its last one, upright, resized."""
-    import h5py
-
-    upright = IMAGE_TRANSFORMS[image_convention]
     out = []
     for episode in read_episodes([Path(p) for p in paths], chunk_len=1, image_key=image_key):
         picks = episode.frames[np.unique(np.r_[np.arange(0, len(episode.frames), stride), len(episode.frames) - 1])]
-        with h5py.File(episode.file, "r") as handle:
-            frames = np.asarray(handle["data"][episode.demo]["obs"][image_key][picks])
-        if episode.image_convention == "opengl":
-            frames = upright(frames)
+        frames = upright_frames(episode.read_frames(image_key, picks), episode.image_convention, image_convention)
         out.append(LabelledTrajectory(resize_frames(frames, size), episode.instruction, True, "demo",
                                       str(episode.file.name)))
     return out
@@ -91,7 +85,8 @@ def save_trajectories(path: Path, trajectories: Sequence[LabelledTrajectory]) ->
     return path
 
 
-def load_trajectories(paths: Sequence[str], size: int) -> list[LabelledTrajectory]:
+def load_trajectories(paths: Sequence[str], size: int | None) -> list[LabelledTrajectory]:
+    """Every trajectory of the files, frames resized to `size` (None: as stored)."""
     out = []
     for path in map(Path, paths):
         with open_hdf5(path, "trajectory file") as handle:
@@ -106,7 +101,30 @@ def load_trajectories(paths: Sequence[str], size: int) -> list[LabelledTrajector
                 if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or not len(frames):
                     raise ValueError(f"{path}: trajectories/{name}/frames has shape {frames.shape} ({frames.dtype}); "
                                      "expected non-empty uint8 (T, H, W, 3)")
-                out.append(LabelledTrajectory(resize_frames(frames, size), str(item.attrs["instruction"]),
+                out.append(LabelledTrajectory(frames if size is None else resize_frames(frames, size),
+                                              str(item.attrs["instruction"]),
                                               bool(item.attrs["success"]), str(item.attrs["source"]),
                                               str(item.attrs.get("task_id", ""))))
     return out
+
+
+def lerobot_episodes(trajectories: Sequence[LabelledTrajectory]):
+    """Labelled trajectories as LeRobot episodes: the frames (upright, as the policy saw them),
+    `next.done` on the last frame and `next.success` (the real label) on the last frame of a success."""
+    for t in trajectories:
+        last = np.arange(len(t.frames)) == len(t.frames) - 1
+        yield {"task": t.instruction, "frames": {"observation.images.image": t.frames, "next.done": last,
+                                                 "next.success": last & bool(t.success)}}
+
+
+def main(args) -> None:
+    """`minivla-wmrl export`: collected rollouts → a LeRobot dataset, to inspect with LeRobot's tools."""
+    from minivla_wmrl.data.lerobot import write_lerobot
+
+    trajectories = load_trajectories(args.trajectories, None)
+    if not trajectories:
+        raise ValueError(f"export: {', '.join(args.trajectories)} hold no trajectories")
+    write_lerobot(Path(args.out), lerobot_episodes(trajectories), fps=args.fps, version=args.lerobot_version,
+                  video=args.video, robot_type="unknown")
+    successes = sum(t.success for t in trajectories)
+    print(f"{args.out}: {len(trajectories)} episodes ({successes} successful), LeRobot {args.lerobot_version}")

@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer
-from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.checkpoint import load_weights, read_json
 from minivla_wmrl.normalization import read_statistics, write_statistics
 from minivla_wmrl.policy.config import MiniVLAConfig, preset
@@ -47,15 +46,9 @@ def write_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset"
         save_file({k: v.contiguous() for k, v in weights.items() if k not in tied},
                   str(directory / "model.safetensors"), metadata={"format": "pt"})
     policy.tokenizer.save_pretrained(directory / "tokenizer")
-    policy.action_tokenizer.save(directory / "action_tokenizer")
+    policy.action_tokenizer.save_pretrained(directory / "action_tokenizer")
     if policy.statistics is not None:
         write_statistics(directory / "dataset_statistics.json", {dataset_name: policy.statistics})
-
-
-def save_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset") -> Path:
-    with atomic_directory(directory) as tmp:
-        write_policy(policy, tmp, dataset_name)
-    return Path(directory)
 
 
 def _statistics(path: Path, key: str | None):
@@ -86,7 +79,7 @@ def load_policy(directory: Path, device: str = "cpu", dtype: torch.dtype = torch
                          "(a Prismatic run directory? use import_prismatic)")
     policy = MiniVLA(MiniVLAConfig.from_dict(meta["policy"], str(config_path)),
                      AutoTokenizer.from_pretrained(directory / "tokenizer"),
-                     ActionTokenizer.load(directory / "action_tokenizer"),
+                     ActionTokenizer.from_pretrained(directory / "action_tokenizer"),
                      _statistics(directory / "dataset_statistics.json", meta.get("dataset_name")))
     if meta.get("lora"):
         lora = meta["lora"]
@@ -149,8 +142,8 @@ def import_prismatic(run_dir: Path, vq_dir: Path, qwen_dir: Path, preset_name: s
     tokenizer.pad_token = tokenizer.pad_token or "<|endoftext|>"
     config = preset(preset_name)
     config.center_crop = variant["center_crop"] if center_crop is None else center_crop
-    policy = MiniVLA(config, tokenizer, ActionTokenizer.load(vq_dir), _statistics(run_dir / "dataset_statistics.json",
-                                                                                    unnorm_key))
+    policy = MiniVLA(config, tokenizer, ActionTokenizer.from_pretrained(vq_dir),
+                     _statistics(run_dir / "dataset_statistics.json", unnorm_key))
     llm_state = {}
     for key, value in parts["llm_backbone"].items():
         if not key.startswith("llm."):

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -20,9 +19,9 @@ class PolicyFrameEncoder(nn.Module):
 
     def __init__(self, checkpoint: str):
         super().__init__()
-        from minivla_wmrl.policy.checkpoint import load_policy
+        from minivla_wmrl.policy.minivla import MiniVLA
 
-        policy = load_policy(Path(checkpoint))
+        policy = MiniVLA.from_pretrained(checkpoint)
         self.vision, self.image_size = policy.vision.eval().requires_grad_(False), policy.config.image_size
         self.num_features = policy.vision.embed_dim
 

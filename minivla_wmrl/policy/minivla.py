@@ -9,15 +9,18 @@ serve the whole batch during generation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer
+from minivla_wmrl.atomic import atomic_directory
 from minivla_wmrl.normalization import ActionStatistics, gripper_to_env
 from minivla_wmrl.policy.config import MiniVLAConfig
 from minivla_wmrl.policy.tokenizer import END_TOKENS, build_prompt, check_action_tokens
+from minivla_wmrl.pretrained import AtomicPretrained
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -87,8 +90,13 @@ class ActionQuery:
     actions: np.ndarray | None  # (B, chunk_len, action_dim) in the env's convention (needs statistics)
 
 
-class MiniVLA(nn.Module):
-    """The policy. `tokenizer` must hold the action tokens; `statistics` un-normalise actions."""
+class MiniVLA(nn.Module, AtomicPretrained):
+    """The policy. `tokenizer` must hold the action tokens; `statistics` un-normalise actions.
+
+    `save_pretrained(dir)` / `MiniVLA.from_pretrained(dir_or_repo_id, device=..., dtype=...)`: the
+    checkpoint format of `policy.checkpoint`; `save_adapter(dir)`: the LoRA adapters alone, for peft."""
+
+    _pretrained_kind = "policy checkpoint"
 
     def __init__(self, config: MiniVLAConfig, tokenizer, action_tokenizer: ActionTokenizer,
                  statistics: ActionStatistics | None = None):
@@ -152,6 +160,27 @@ class MiniVLA(nn.Module):
         self.llm = get_peft_model(self.llm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
                                                        target_modules=list(targets)))
         self.lora = dict(r=r, alpha=alpha, dropout=dropout, targets=list(targets))
+
+    # -- persistence -------------------------------------------------------------------------------
+
+    def _save_pretrained(self, directory: Path) -> None:
+        from minivla_wmrl.policy.checkpoint import write_policy
+
+        write_policy(self, directory)
+
+    @classmethod
+    def load(cls, directory: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MiniVLA:
+        from minivla_wmrl.policy.checkpoint import load_policy
+
+        return load_policy(directory, device, dtype)
+
+    def save_adapter(self, directory: Path) -> None:
+        """The language model's LoRA adapters alone, in peft's format (`adapter_config.json` +
+        `adapter_model.safetensors`): `PeftModel.from_pretrained(qwen2, directory)` loads them."""
+        if not getattr(self, "lora", None):
+            raise ValueError("this policy has no LoRA adapters to export (it was trained without lora)")
+        with atomic_directory(Path(directory)) as tmp:
+            self.llm.save_pretrained(tmp)
 
     # -- inputs ------------------------------------------------------------------------------------
 

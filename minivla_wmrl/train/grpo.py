@@ -48,8 +48,9 @@ from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_s
                                shard_policy)
 from minivla_wmrl.data.trajectories import LabelledTrajectory, rollout_trajectories
 from minivla_wmrl.init_states import select_rl_init_states, vector_training_init_states
-from minivla_wmrl.policy.checkpoint import load_policy, write_policy
+from minivla_wmrl.policy.checkpoint import write_policy
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
+from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.run_log import MetricsLog
 from minivla_wmrl.statistics import auroc
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
@@ -289,7 +290,7 @@ class GRPOTrainer:
         self.dist = init_distributed(p.device)
         p.device = self.dist.device(p.device)
         self.progress = progress and self.dist.is_main
-        self.policy = load_policy(Path(p.checkpoint), device=p.device, dtype=DTYPES[p.dtype])
+        self.policy = MiniVLA.from_pretrained(p.checkpoint, device=p.device, dtype=DTYPES[p.dtype])
         self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision, fresh_adapters=True)
         if resume is not None:
             load_weights(self.policy, resume[0] / "model.safetensors")
@@ -298,7 +299,7 @@ class GRPOTrainer:
             shard_policy(self.policy, sum_gradients=True)
         self.reference = None
         if grpo.kl_coef > 0 and not (p.lora and p.freeze_vision):  # else: the model with its adapters disabled
-            self.reference = load_policy(Path(p.checkpoint), device=p.device,
+            self.reference = MiniVLA.from_pretrained(p.checkpoint, device=p.device,
                                          dtype=DTYPES[p.dtype]).requires_grad_(False)
             if self.sharded:  # its forward passes run in the update, in step on every process
                 shard_policy(self.reference)
@@ -686,7 +687,7 @@ class GRPOTrainer:
             write_policy(self.policy, directory, weights=weights)
             if isinstance(self.world_model, torch.nn.Module):
                 (directory / "world_model").mkdir()
-                self.world_model.save(directory / "world_model")
+                self.world_model.save_pretrained(directory / "world_model")
 
         return save_checkpoint(self.out, self.step, asdict(self.recipe), state, write_models)
 

@@ -34,7 +34,7 @@ from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_s
                                shard_policy)
 from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.policy import MiniVLA, preset
-from minivla_wmrl.policy.checkpoint import load_policy, write_policy
+from minivla_wmrl.policy.checkpoint import write_policy
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.run_log import MetricsLog
 from minivla_wmrl.train.vq import VQTrainConfig, split_episodes, train_action_tokenizer
@@ -196,13 +196,13 @@ def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
     device = torch.device(recipe.policy.device)
     dtype = DTYPES[recipe.policy.dtype]
     if resume_from is not None:
-        policy = load_policy(resume_from, device=recipe.policy.device)
+        policy = MiniVLA.from_pretrained(resume_from, device=recipe.policy.device)
     elif recipe.policy.init_checkpoint:
-        policy = load_policy(Path(recipe.policy.init_checkpoint), device=recipe.policy.device)
+        policy = MiniVLA.from_pretrained(recipe.policy.init_checkpoint, device=recipe.policy.device)
         policy.statistics = statistics
     else:
         if recipe.vq.path:
-            action_tokenizer = ActionTokenizer.load(Path(recipe.vq.path))
+            action_tokenizer = ActionTokenizer.from_pretrained(Path(recipe.vq.path))
         else:
             def chunks(ids):
                 return np.concatenate([episode_chunks(statistics.normalize(episodes[i].actions), recipe.data.chunk_len)

@@ -103,7 +103,7 @@ def run_vq(paths: list[str], out: Path, train_config: VQTrainConfig, chunk_len: 
             metrics.flush()
 
         tokenizer, history = train_action_tokenizer(chunks(train_ids), chunks(val_ids), config, train_config, log)
-    tokenizer.save(out / "action_tokenizer")
+    tokenizer.save_pretrained(out / "action_tokenizer")
     write_statistics(out / "dataset_statistics.json", {dataset_name: stats})
     (out / "vq_train_config.json").write_text(json.dumps(asdict(train_config), indent=2))
     return {"train": len(train_ids), "held_out": len(val_ids), "first": history[0], "last": history[-1],

@@ -207,7 +207,7 @@ class WorldModelTrainer:
 
 def _write_world_model(model: ProgressWorldModel, directory: Path) -> None:
     directory.mkdir()
-    model.save(directory)
+    model.save_pretrained(directory)
 
 
 def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
@@ -215,10 +215,10 @@ def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
     from envs.factory import env_factory
     from envs.vector_env import VectorEnv
     from minivla_wmrl.init_states import vector_training_init_states
-    from minivla_wmrl.policy.checkpoint import load_policy
+    from minivla_wmrl.policy.minivla import MiniVLA
     from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 
-    policy = load_policy(Path(collect.checkpoint))
+    policy = MiniVLA.from_pretrained(collect.checkpoint)
     cameras = ("agentview", "wrist")[:policy.config.num_images]
     labelled = []
     for task in collect.tasks:
@@ -266,7 +266,8 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
     val_set = [trajectories[i] for i in val_ids]
 
     found, state = resumed if resumed is not None else (None, None)
-    model = ProgressWorldModel.load(found / "world_model") if found is not None else ProgressWorldModel(recipe.model)
+    model = (ProgressWorldModel.from_pretrained(found / "world_model") if found is not None
+             else ProgressWorldModel(recipe.model))
     trainer = WorldModelTrainer(model, settings)
     start = 0
     if state is not None:
@@ -291,7 +292,7 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
                                 {"trainer": trainer.state_dict(), "step": step, **global_rng_state()},
                                 lambda directory: _write_world_model(model, directory / "world_model"))
     with atomic_directory(out / "world_model") as tmp:
-        model.save(tmp)
+        model.save_pretrained(tmp)
     return {"last": last, "world_model": str(out / "world_model"), "train": len(train_set), "held_out": len(val_set),
             "model": model, "trainer": trainer}
 

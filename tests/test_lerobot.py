@@ -1,0 +1,118 @@
+"""The LeRobot dataset format: a LeRobot copy of LIBERO demos trains exactly like the hdf5 original."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from minivla_wmrl.data.dataset import DemoDataset, read_episodes
+from minivla_wmrl.data.lerobot import LeRobotDataset, iter_hdf5_demos, write_lerobot
+from minivla_wmrl.data.trajectories import LabelledTrajectory, demo_trajectories, save_trajectories
+from minivla_wmrl.normalization import ActionStatistics
+
+CAMERAS = dict(image_key="agentview_rgb", wrist_key="eye_in_hand_rgb")
+
+
+def _items(paths, convention: str) -> list[dict]:
+    episodes = read_episodes(paths, 8, **CAMERAS)
+    statistics = ActionStatistics.from_actions(np.concatenate([e.actions for e in episodes]), len(episodes))
+    dataset = DemoDataset(episodes, statistics, image_size=64, image_convention=convention, **CAMERAS)
+    return [dataset[i] for i in range(0, len(dataset), 7)]
+
+
+@pytest.fixture(scope="module", params=["v3.0", "v2.1"])
+def lerobot_copy(request, demos, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lerobot") / "libero"
+    write_lerobot(out, iter_hdf5_demos([demos]), fps=20, version=request.param)
+    return out
+
+
+@pytest.mark.simulator
+def test_a_lerobot_copy_yields_what_the_hdf5_original_yields(demos, lerobot_copy):
+    info = json.loads((lerobot_copy / "meta" / "info.json").read_text())
+    assert info["codebase_version"] in ("v3.0", "v2.1") and info["total_episodes"] == 3
+    assert {"action", "observation.state", "observation.images.image", "observation.images.wrist_image"} <= set(
+        info["features"])
+    original, copy = read_episodes([demos], 8, **CAMERAS), read_episodes([lerobot_copy], 8, **CAMERAS)
+    instructions = [e.instruction for e in original]
+    assert [e.instruction for e in copy] == instructions == ["close the top drawer of the cabinet"] * 3
+    for a, b in zip(original, copy):
+        np.testing.assert_array_equal(a.actions, b.actions)  # vq and sft see the same actions
+        np.testing.assert_array_equal(a.frames, b.frames)
+    for convention in ("minivla", "openvla"):  # the same pixels, the same way up, for either policy convention
+        for a, b in zip(_items([demos], convention), _items([lerobot_copy], convention)):
+            np.testing.assert_array_equal(a["image"], b["image"])
+            np.testing.assert_array_equal(a["chunk"], b["chunk"])
+            assert a["instruction"] == b["instruction"]
+    for a, b in zip(demo_trajectories([str(demos)], 32), demo_trajectories([str(lerobot_copy)], 32)):  # wm
+        np.testing.assert_array_equal(a.frames, b.frames)
+    stored = LeRobotDataset(lerobot_copy).read("episode_0", "observation.images.image", [0])[0]
+    import h5py
+
+    with h5py.File(demos) as f:  # stored as the published LIBERO sets: rotated 180° from the raw frame
+        np.testing.assert_array_equal(stored, f["data/demo_0/obs/agentview_rgb"][0][::-1, ::-1])
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_video_cameras_decode_each_frame_at_its_timestamp(demos, tmp_path, version):
+    write_lerobot(tmp_path / "video", iter_hdf5_demos([demos]), fps=20, version=version, video=True)
+    original, copy = read_episodes([demos], 8, **CAMERAS), read_episodes([tmp_path / "video"], 8, **CAMERAS)
+    for a, b in zip(original, copy):
+        np.testing.assert_array_equal(a.actions, b.actions)
+    episode, video = original[2], copy[2]
+    picks = episode.frames[[0, 5, len(episode.frames) // 2, -1]]
+    exact = episode.read_frames("agentview_rgb", picks)[:, ::-1, ::-1]
+    decoded = video.read_frames("agentview_rgb", picks)
+    errors = np.abs(exact.astype(int) - decoded.astype(int)).mean(axis=(1, 2, 3))
+    assert errors.max() < 4, errors  # AV1 at LeRobot's settings is lossy, but close
+    assert decoded.shape == exact.shape
+
+
+def test_exported_rollouts_keep_their_real_labels(tmp_path):
+    from minivla_wmrl.cli import main as cli
+
+    rng = np.random.default_rng(0)
+    frames = lambda n: rng.integers(0, 255, (n, 16, 16, 3), dtype=np.uint8)  # noqa: E731
+    trajectories = [LabelledTrajectory(frames(4), "open the drawer", True, "rollout", "0"),
+                    LabelledTrajectory(frames(3), "close the drawer", False, "rollout", "1")]
+    save_trajectories(tmp_path / "rollouts.hdf5", trajectories)
+    assert cli(["export", str(tmp_path / "rollouts.hdf5"), "--out", str(tmp_path / "export")]) in (0, None)
+    dataset = LeRobotDataset(tmp_path / "export")
+    assert dataset.episodes == [0, 1] and dataset.task_of == {0: "open the drawer", 1: "close the drawer"}
+    for i, t in enumerate(trajectories):
+        np.testing.assert_array_equal(dataset.read(f"episode_{i}", "observation.images.image", range(len(t.frames))),
+                                      t.frames)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "export" / "data" / "chunk-000" / "file-000.parquet").to_pydict()
+    assert table["next.success"] == [False, False, False, True, False, False, False]
+    assert table["next.done"] == [False, False, False, True, False, False, True]
+
+
+def test_bad_lerobot_datasets_are_named(tmp_path):
+    write_lerobot(tmp_path / "ok", [{"task": "t", "frames": {"action": np.zeros((9, 7), np.float32),
+                                                              "observation.images.image": np.zeros((9, 8, 8, 3),
+                                                                                                   np.uint8)}}], fps=10)
+    with pytest.raises(ValueError, match="no camera feature for 'eye_in_hand_rgb'; its cameras are "
+                                         r"\['observation.images.image'\]"):
+        read_episodes([tmp_path / "ok"], 8, image_key="agentview_rgb", wrist_key="eye_in_hand_rgb")
+    with pytest.raises(ValueError, match="episode_0 has 0 actions after no-op filtering"):
+        read_episodes([tmp_path / "ok"], 8)  # all-zero actions are no-ops
+    info = json.loads((tmp_path / "ok" / "meta" / "info.json").read_text())
+    (tmp_path / "ok" / "meta" / "info.json").write_text(json.dumps(info | {"codebase_version": "v1.6"}))
+    with pytest.raises(ValueError, match="codebase_version 'v1.6' is not supported"):
+        read_episodes([tmp_path / "ok"])
+    (tmp_path / "ok" / "meta" / "info.json").write_text("{")
+    with pytest.raises(ValueError, match="ok/meta/info.json is not valid JSON"):
+        read_episodes([tmp_path / "ok"])
+    with pytest.raises(ValueError, match="meta/info.json has no action feature"):
+        write_lerobot(tmp_path / "no_actions", [{"task": "t", "frames": {"x": np.zeros((9, 2), np.float32)}}], fps=10)
+        read_episodes([tmp_path / "no_actions"], 8, image_key=None)
+    with pytest.raises(ValueError, match="cannot be written; expected v2.1 or v3.0"):
+        write_lerobot(tmp_path / "new", [], fps=10, version="v2.0")
+    with pytest.raises(ValueError, match="no episodes to write"):
+        write_lerobot(tmp_path / "empty", [], fps=10)
+    assert not (tmp_path / "empty").exists()
