@@ -7,12 +7,15 @@ policy reads. When an env's episode ends it starts the next pending episode of i
 pool stays full. An episode whose spec sets a `horizon` is cut once it has run that many steps
 (`Trajectory.truncated`): GRPO's truncated execution lets the world model score the rest. Each
 episode samples from its own RNG (seeded by the run seed and the episode seed), so a trajectory
-does not depend on which env ran it or what else was in the batch.
+does not depend on which env ran it or what else was in the batch; that is what lets
+`overlap_groups` split the envs so one group simulates while the policy generates for another.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -42,6 +45,10 @@ class RolloutConfig:
     seed: int = 0  # run seed; with each episode's seed it fixes the episode's sampling noise
     record_frames: bool = True  # keep the images of every query (GRPO re-scores them; the world model reads them)
     retry_failures: int = 2  # re-run an episode cut short by a lost worker (crash, timeout) up to this many times
+    # envs split into this many groups: while one group's envs simulate (in a thread), the policy generates for
+    # another's (RLinf-style pipelining). 1: the plain engine, all envs step, then the policy thinks for all.
+    # Trajectories are the same either way (each episode samples from its own RNG); only the batches differ.
+    overlap_groups: int = 1
 
 
 @dataclass
@@ -116,6 +123,14 @@ def _policy_images(observations: Sequence[Observation], cameras: tuple[str, ...]
     return np.stack([np.stack([o.images[c] for c in cameras]) for o in observations])
 
 
+def _call(function: Callable, *args):
+    return function(*args)
+
+
+def _call_on(executor: ThreadPoolExecutor, function: Callable, *args):
+    return executor.submit(function, *args).result()
+
+
 def episode_rng(run_seed: int, episode_seed: int) -> np.random.Generator:
     return np.random.default_rng([run_seed, episode_seed])
 
@@ -133,6 +148,9 @@ class RolloutEngine:
             raise ValueError(f"execute_steps must be >= 1, got {config.execute_steps}")
         if config.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {config.temperature}")
+        if not 1 <= config.overlap_groups <= envs.num_envs:
+            raise ValueError(f"overlap_groups must be in 1..{envs.num_envs} (the number of envs), "
+                             f"got {config.overlap_groups}")
         self.policy, self.envs, self.config = policy, envs, config
         infos = envs.infos
         if cameras is None:
@@ -183,38 +201,46 @@ class RolloutEngine:
             if on_episode is not None:
                 on_episode(trajectory)
 
-        while running or any(pending.values()):
+        def start(members: list[int]) -> None:
+            """Start the next pending episode of its task on every free env among `members`."""
             starts: list = [None] * self.envs.num_envs
-            for i, info in enumerate(infos):
-                if i not in running and pending[info.task_id]:
-                    starts[i] = pending[info.task_id].popleft()
-            if any(s is not None for s in starts):
-                observations = self.envs.reset([s.init_state if s is not None else None for s in starts])
-                for i, (spec, observation) in enumerate(zip(starts, observations)):
-                    if spec is None:
-                        continue
-                    running[i] = _Running(spec, infos[i].instruction, episode_rng(c.seed, spec.seed), observation)
-                    if isinstance(observation, EnvFailure):
-                        finish(i, None, observation.reason)
-            live = sorted(running)
+            for i in members:
+                if i not in running and pending[infos[i].task_id]:
+                    starts[i] = pending[infos[i].task_id].popleft()
+            if not any(s is not None for s in starts):
+                return
+            observations = on_envs(self.envs.reset, [s.init_state if s is not None else None for s in starts])
+            for i, (spec, observation) in enumerate(zip(starts, observations)):
+                if spec is None:
+                    continue
+                running[i] = _Running(spec, infos[i].instruction, episode_rng(c.seed, spec.seed), observation)
+                if isinstance(observation, EnvFailure):
+                    finish(i, None, observation.reason)
+
+        def query(members: list[int]) -> list | None:
+            """One batched generation for the live envs among `members`; their actions (None: none live)."""
+            live = [i for i in members if i in running]
             if not live:
-                continue
+                return None
             images = _policy_images([running[i].observation for i in live], self.cameras)
             uniforms = np.stack([running[i].rng.random(self.num_tokens) for i in live]) if c.temperature > 0 else None
-            query = self.policy.generate(images, [running[i].instruction for i in live], temperature=c.temperature,
-                                         uniforms=uniforms)
+            result = self.policy.generate(images, [running[i].instruction for i in live], temperature=c.temperature,
+                                          uniforms=uniforms)
             # one copy per query
-            token_ids, log_probs = query.token_ids.cpu().numpy(), query.log_probs.float().cpu().numpy()
+            token_ids, log_probs = result.token_ids.cpu().numpy(), result.log_probs.float().cpu().numpy()
             actions: list = [None] * self.envs.num_envs
             for j, i in enumerate(live):
-                actions[i] = query.actions[j, :c.execute_steps]
+                actions[i] = result.actions[j, :c.execute_steps]
                 episode = running[i]
                 if c.record_frames:
                     episode.frames.append(images[j])
                 episode.token_ids.append(token_ids[j])
                 episode.log_probs.append(log_probs[j])
                 episode.query_steps.append(episode.steps)
-            for i, result in enumerate(self.envs.step(actions)):
+            return actions
+
+        def apply(results: list[StepResult | None]) -> None:
+            for i, result in enumerate(results):
                 if result is None:
                     continue
                 episode = running[i]
@@ -226,5 +252,26 @@ class RolloutEngine:
                     finish(i, result, None, truncated=True)
                 else:
                     episode.observation = result.observation
+
+        groups = [list(range(self.envs.num_envs))[g::c.overlap_groups] for g in range(c.overlap_groups)]
+        if len(groups) == 1:  # plain: all envs step, then the policy thinks for all of them
+            on_envs = _call
+            while running or any(pending.values()):
+                start(groups[0])
+                actions = query(groups[0])
+                if actions is not None:
+                    apply(self.envs.step(actions))
+        else:  # overlapped: one group's envs step (in a thread) while the policy thinks for another's
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-steps") as simulator:
+                on_envs = functools.partial(_call_on, simulator)  # every env command from that one thread
+                stepping: dict[int, Future] = {}
+                while running or any(pending.values()) or stepping:
+                    for g, members in enumerate(groups):
+                        if g in stepping:
+                            apply(stepping.pop(g).result())
+                        start(members)
+                        actions = query(members)
+                        if actions is not None:
+                            stepping[g] = simulator.submit(self.envs.step, actions)
         bar.close()
         return done  # type: ignore[return-value]

@@ -111,6 +111,25 @@ def test_rollouts_are_deterministic_and_independent_of_batching(short_envs, poli
     assert not np.array_equal(other_seed.run(specs[:1], progress=False)[0].token_ids, first[0].token_ids)
 
 
+def test_the_overlapped_engine_equals_the_plain_one_trajectory_by_trajectory(short_envs, policy):
+    task_id = short_envs.infos[0].task_id
+    specs = lambda: [EpisodeSpec(task_id, s % 2, seed=s) for s in range(5)]  # noqa: E731  (more than the envs)
+    runs = {groups: RolloutEngine(policy, short_envs, RolloutConfig(execute_steps=4, temperature=1.0, seed=7,
+                                                                    overlap_groups=groups)).run(specs(), progress=False)
+            for groups in (1, 2)}
+    for plain, overlapped in zip(runs[1], runs[2]):
+        assert plain.spec.seed == overlapped.spec.seed
+        np.testing.assert_array_equal(plain.token_ids, overlapped.token_ids)
+        np.testing.assert_array_equal(plain.frames, overlapped.frames)
+        np.testing.assert_array_equal(plain.final_frame, overlapped.final_frame)
+        np.testing.assert_array_equal(plain.query_steps, overlapped.query_steps)
+        np.testing.assert_allclose(plain.log_probs, overlapped.log_probs, atol=1e-5)  # batches of 2 vs 1
+        assert (plain.success, plain.length, plain.failure) == (overlapped.success, overlapped.length, None)
+    assert len({r.token_ids.tobytes() for r in runs[2]}) == 5  # five different episodes, not one repeated
+    with pytest.raises(ValueError, match=r"overlap_groups must be in 1..2"):
+        RolloutEngine(policy, short_envs, RolloutConfig(overlap_groups=3))
+
+
 def test_bad_rollout_settings_are_errors(short_envs, policy):
     with pytest.raises(ValueError, match="execute_steps 9 exceeds"):
         RolloutEngine(policy, short_envs, RolloutConfig(execute_steps=9))

@@ -1,7 +1,9 @@
-"""`minivla-wmrl bench rollout`: env steps per second of policy-driven LIBERO episodes, two ways.
+"""`minivla-wmrl bench rollout`: env steps per second of policy-driven LIBERO episodes, three ways.
 
 - engine: the rollout engine: N worker envs, one batched KV-cache generation per query, soft
   resets, the policy's camera rendered only at query points;
+- overlapped: the engine with its envs in two groups, one simulating while the policy generates
+  for the other;
 - naive: one env at a time in this process, both cameras rendered every step, hard resets, one
   unbatched generation per query that recomputes the whole sequence for every token.
 
@@ -60,14 +62,20 @@ def _naive(policy: MiniVLA, suite: str, task: str, episodes: int, max_steps: int
 
 
 def _engine(policy: MiniVLA, suite: str, task: str, episodes: int, max_steps: int, execute_steps: int,
-            num_envs: int, backend: str = "local", address: str | None = None) -> tuple[float, int]:
+            num_envs: int, backend: str = "local", address: str | None = None,
+            overlap_groups: tuple[int, ...] = (1,)) -> list[tuple[float, int]]:
+    """(seconds, env steps) of the same episodes for each `overlap_groups` setting, on one pool of envs."""
     factory = functools.partial(LiberoEnv, suite, task, cameras=("agentview",), max_steps=max_steps)
+    timings = []
     with env_pool([factory] * num_envs, backend, address) as envs:
-        engine = RolloutEngine(policy, envs, RolloutConfig(execute_steps=execute_steps, record_frames=False))
-        specs = [EpisodeSpec(envs.infos[0].task_id, i, seed=i) for i in range(episodes)]
-        start = time.perf_counter()
-        trajectories = engine.run(specs, desc=f"engine x{num_envs} ({backend})")
-        return time.perf_counter() - start, sum(t.length for t in trajectories)
+        for groups in overlap_groups:
+            engine = RolloutEngine(policy, envs, RolloutConfig(execute_steps=execute_steps, record_frames=False,
+                                                               overlap_groups=groups))
+            specs = [EpisodeSpec(envs.infos[0].task_id, i, seed=i) for i in range(episodes)]
+            start = time.perf_counter()
+            trajectories = engine.run(specs, desc=f"engine x{num_envs} ({backend}, {groups} group(s))")
+            timings.append((time.perf_counter() - start, sum(t.length for t in trajectories)))
+    return timings
 
 
 def bench_ray(preset_name: str = "small", workers: int = 2, episodes: int = 4, suite: str = "libero_90",
@@ -75,8 +83,8 @@ def bench_ray(preset_name: str = "small", workers: int = 2, episodes: int = 4, s
               seed: int = 0) -> dict:
     """The engine on Ray actors: 1 worker vs `workers` workers, same episodes, in one run."""
     policy = random_policy(preset_name, seed)
-    one_s, one_steps = _engine(policy, suite, task, episodes, max_steps, execute_steps, 1, "ray", address)
-    many_s, many_steps = _engine(policy, suite, task, episodes, max_steps, execute_steps, workers, "ray", address)
+    (one_s, one_steps), = _engine(policy, suite, task, episodes, max_steps, execute_steps, 1, "ray", address)
+    (many_s, many_steps), = _engine(policy, suite, task, episodes, max_steps, execute_steps, workers, "ray", address)
     return {"backend": "ray", "preset": preset_name, "episodes": episodes, "max_steps": max_steps,
             "execute_steps": execute_steps, "workers": workers, "one_worker_steps_per_s": one_steps / one_s,
             "workers_steps_per_s": many_steps / many_s, "ratio": (many_steps / many_s) / (one_steps / one_s)}
@@ -84,14 +92,18 @@ def bench_ray(preset_name: str = "small", workers: int = 2, episodes: int = 4, s
 
 def bench_rollout(preset_name: str = "small", num_envs: int = 2, episodes: int = 4, suite: str = "libero_90",
                   task: str = "0", max_steps: int = 64, execute_steps: int = 8, seed: int = 0) -> dict:
+    """The naive loop, the engine and the overlapped engine (envs in two groups), same episodes, one run."""
     policy = random_policy(preset_name, seed)
-    engine_s, engine_steps = _engine(policy, suite, task, episodes, max_steps, execute_steps, num_envs)
+    (engine_s, engine_steps), (overlap_s, overlap_steps) = _engine(policy, suite, task, episodes, max_steps,
+                                                                   execute_steps, num_envs, overlap_groups=(1, 2))
     naive_s, naive_steps = _naive(policy, suite, task, episodes, max_steps, execute_steps)
-    engine_rate, naive_rate = engine_steps / engine_s, naive_steps / naive_s
+    engine_rate, naive_rate, overlap_rate = engine_steps / engine_s, naive_steps / naive_s, overlap_steps / overlap_s
     return {"preset": preset_name, "envs": num_envs, "episodes": episodes, "suite": suite, "task": task,
             "max_steps": max_steps, "execute_steps": execute_steps, "engine_s": engine_s, "engine_steps": engine_steps,
             "engine_steps_per_s": engine_rate, "naive_s": naive_s, "naive_steps": naive_steps,
-            "naive_steps_per_s": naive_rate, "ratio": engine_rate / naive_rate}
+            "naive_steps_per_s": naive_rate, "ratio": engine_rate / naive_rate, "overlapped_s": overlap_s,
+            "overlapped_steps": overlap_steps, "overlapped_steps_per_s": overlap_rate,
+            "overlap_ratio": overlap_rate / engine_rate}
 
 
 def main(args) -> None:
@@ -109,8 +121,11 @@ def main(args) -> None:
               f"{result['naive_s']:.1f} | {result['naive_steps_per_s']:.2f} |\n"
               f"| engine ({result['envs']} envs, batched KV cache, render at queries) | {result['engine_steps']} | "
               f"{result['engine_s']:.1f} | {result['engine_steps_per_s']:.2f} |\n"
-              f"ratio: {result['ratio']:.1f}x  (preset {result['preset']}, execute_steps {result['execute_steps']}, "
-              f"max_steps {result['max_steps']})")
+              f"| engine overlapped (2 groups: one simulates while the policy thinks for the other) | "
+              f"{result['overlapped_steps']} | {result['overlapped_s']:.1f} | "
+              f"{result['overlapped_steps_per_s']:.2f} |\n"
+              f"ratio engine/naive: {result['ratio']:.1f}x, overlapped/engine: {result['overlap_ratio']:.2f}x  "
+              f"(preset {result['preset']}, execute_steps {result['execute_steps']}, max_steps {result['max_steps']})")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
