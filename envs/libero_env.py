@@ -15,6 +15,7 @@ import pickle
 import sys
 import types
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +93,24 @@ class _TorchOnDemand(types.ModuleType):
         return getattr(torch, name)
 
 
+@contextmanager
+def mujoco_asset_cache(keep: bool):
+    """MuJoCo keeps the meshes and textures it decodes in a process-wide cache (up to 500 MB) to
+    recompile faster; a LIBERO scene leaves ~340 MB there. An env that compiles once (soft resets)
+    never reads it again, so its compiles skip the cache (`keep=False`); hard resets keep it (a
+    recompile takes 5.3 s without it, 3.3 s with it)."""
+    import mujoco
+
+    cache = mujoco.mj_getCache()
+    capacity = mujoco.mj_getCacheCapacity(cache)
+    if not keep:
+        mujoco.mj_setCacheCapacity(cache, 0)
+    try:
+        yield
+    finally:
+        mujoco.mj_setCacheCapacity(cache, capacity)
+
+
 def _import_benchmark():
     """LIBERO's benchmark module, imported without loading torch when torch is not loaded yet:
     its `import torch` (for `torch.load` of init states only) would put ~0.5 GB of torch into
@@ -146,6 +165,8 @@ class LiberoEnv(RobotEnv):
         render_every_step: render cameras on every physics step (the reference loops' cost;
             used as the baseline in benchmarks and tests).
         seed: seeds the fixture placement drawn at every reset (the protocol uses 0).
+        asset_cache: let MuJoCo keep the decoded meshes and textures of this scene (~340 MB) for
+            later compiles; None: only with hard resets, which recompile every episode.
 
     LIBERO draws fixture positions (e.g. the cabinet's) from numpy's global RNG at each reset; they
     are not part of the init state. The reference loops seed once at creation, so trial i's
@@ -159,7 +180,8 @@ class LiberoEnv(RobotEnv):
 
     def __init__(self, suite: str, task: int | str = 0, cameras=("agentview",), image_convention: str = "minivla",
                  resolution: int | None = None, max_steps: int | None = None, soft_reset: bool = True,
-                 render_every_step: bool = False, num_wait_steps: int = NUM_WAIT_STEPS, seed: int = 0):
+                 render_every_step: bool = False, num_wait_steps: int = NUM_WAIT_STEPS, seed: int = 0,
+                 asset_cache: bool | None = None):
         super().__init__()
         if image_convention not in IMAGE_CONVENTIONS:
             raise ValueError(f"unknown image_convention {image_convention!r}; "
@@ -191,11 +213,12 @@ class LiberoEnv(RobotEnv):
 
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
         self.bddl_file = bddl
-        self._env = OffScreenRenderEnv(
-            bddl_file_name=bddl, camera_names=[CAMERAS[c] for c in self.cameras] or ["agentview"],
-            camera_heights=self.resolution, camera_widths=self.resolution,
-            use_camera_obs=bool(self.cameras), hard_reset=not soft_reset,
-        )
+        with mujoco_asset_cache(keep=not soft_reset if asset_cache is None else asset_cache):
+            self._env = OffScreenRenderEnv(
+                bddl_file_name=bddl, camera_names=[CAMERAS[c] for c in self.cameras] or ["agentview"],
+                camera_heights=self.resolution, camera_widths=self.resolution,
+                use_camera_obs=bool(self.cameras), hard_reset=not soft_reset,
+            )
         self.problem_name = self._env.problem_name
         self.seed = seed
         self._make_camera_sensors_lazy()

@@ -5,7 +5,8 @@ one env worker process.
 - engine: soft reset, one camera rendered on demand at chunk boundaries (what our rollouts do);
 - floor: no rendering at all (the physics + control cost no rollout can beat);
 - worker memory: a rollout worker (`envs.VectorEnv`, engine settings) after a reset and 5 chunks:
-  resident (RSS) and private (USS: what the process alone holds, freed when it exits) memory.
+  resident (RSS) and private (USS: what the process alone holds, freed when it exits) memory, as
+  it runs and with MuJoCo's decoded-asset cache kept (the default before).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _episode(env: LiberoEnv, mode: str, actions: np.ndarray, chunk: int) -> floa
     return time.perf_counter() - start
 
 
-def worker_memory(suite: str, task: int | str, chunk: int, image_convention: str) -> dict:
+def worker_memory(suite: str, task: int | str, chunk: int, image_convention: str, **env_options) -> dict:
     """RSS and private memory (MB) of one env worker process after a reset and 5 chunks."""
     import functools
 
@@ -52,7 +53,7 @@ def worker_memory(suite: str, task: int | str, chunk: int, image_convention: str
     from envs.vector_env import VectorEnv
 
     pool = VectorEnv([functools.partial(LiberoEnv, suite, task, image_convention=image_convention,
-                                        **MODES["engine"])])
+                                        **MODES["engine"], **env_options)])
     try:
         pool.reset([0])
         for _ in range(5):
@@ -84,6 +85,10 @@ def bench_env(suite: str = "libero_10", task: int | str = 0, steps: int = 520, c
                 env.close()
     result = {f"{mode}_s": statistics.median(t) for mode, t in times.items()}
     result.update(worker_memory(suite, task, chunk, image_convention))
+    # the same worker as before the asset cache was skipped, side by side (MuJoCo keeps ~340 MB of decoded assets)
+    cached = worker_memory(suite, task, chunk, image_convention, asset_cache=True)
+    result.update(worker_rss_mb_with_asset_cache=cached["worker_rss_mb"],
+                  worker_private_mb_with_asset_cache=cached["worker_private_mb"])
     result["speedup"] = result["naive_s"] / result["engine_s"]
     result["floor_ratio"] = result["engine_s"] / result["floor_s"]
     result.update(suite=suite, task=task, steps=steps, chunk=chunk, repeats=repeats, wait_steps=10,
@@ -103,7 +108,9 @@ def format_table(result: dict) -> str:
                      f"{result[mode + '_s'] / result['engine_s']:8.2f} | {what} |")
     lines.append(f"speedup (naive / engine) = {result['speedup']:.1f}x")
     lines.append(f"one env worker: {result['worker_rss_mb']:.0f} MB resident, {result['worker_private_mb']:.0f} MB "
-                 f"private{' (torch loaded)' if result['worker_has_torch'] else ''}")
+                 f"private{' (torch loaded)' if result['worker_has_torch'] else ''}; keeping MuJoCo's asset cache: "
+                 f"{result['worker_rss_mb_with_asset_cache']:.0f} MB resident, "
+                 f"{result['worker_private_mb_with_asset_cache']:.0f} MB private")
     return "\n".join(lines)
 
 

@@ -82,6 +82,9 @@ class GRPOConfig:
     init_states_per_step: Annotated[int, Range(1)] = 8
     temperature: Annotated[float, Range(0)] = 1.0  # the WMRL paper's; peers use 1.5-1.6
     execute_steps: Annotated[int, Range(1)] = 8  # actions per query (the whole VQ chunk)
+    # rollout engine: envs in this many groups, one simulating while the policy generates for another (1: plain);
+    # same trajectories either way, faster when policy and simulation use different hardware (README, Benchmarks)
+    overlap_groups: Annotated[int, Range(1)] = 1
     max_real_steps: Annotated[int, Range(1)] = 520  # real-simulator step cap after the 10 wait steps
     # "full": every rollout runs to success or the cap; "truncated": only anchors do
     execution: Literal["full", "truncated"] = "full"
@@ -330,7 +333,8 @@ class GRPOTrainer:
         self.task_ids = list(dict.fromkeys(info.task_id for info in infos))
         self.init_pools = self._init_state_pools()
         self.engine = RolloutEngine(self.policy, self.envs,
-                                    RolloutConfig(grpo.execute_steps, grpo.temperature, grpo.seed))
+                                    RolloutConfig(grpo.execute_steps, grpo.temperature, grpo.seed,
+                                                  overlap_groups=grpo.overlap_groups))
         if resume is not None:
             try:
                 self._load_training_state(*resume)
