@@ -6,6 +6,11 @@ import importlib.util
 import os
 
 
+# Set by env worker processes (VectorEnv, Ray actors), which never import torch: they skip triton
+# (~80 MB resident per worker).
+torch_free_process = False
+
+
 def prepare_gl() -> None:
     """Choose the headless renderer and load triton's LLVM before Mesa's.
 
@@ -16,5 +21,5 @@ def prepare_gl() -> None:
     """
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
-    if importlib.util.find_spec("triton") is not None:
+    if not torch_free_process and importlib.util.find_spec("triton") is not None:
         import triton  # noqa: F401

@@ -15,7 +15,7 @@ import pickle
 import sys
 import types
 import zipfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,22 +93,44 @@ class _TorchOnDemand(types.ModuleType):
         return getattr(torch, name)
 
 
-@contextmanager
-def mujoco_asset_cache(keep: bool):
-    """MuJoCo keeps the meshes and textures it decodes in a process-wide cache (up to 500 MB) to
-    recompile faster; a LIBERO scene leaves ~340 MB there. An env that compiles once (soft resets)
-    never reads it again, so its compiles skip the cache (`keep=False`); hard resets keep it (a
-    recompile takes 5.3 s without it, 3.3 s with it)."""
+# compiles MJCF text from stdin into a binary model file (MJB) named by argv[1]
+_COMPILER = ("import sys, mujoco; "
+             "mujoco.mj_saveModel(mujoco.MjModel.from_xml_string(sys.stdin.read()), sys.argv[1], None)")
+
+
+def compile_apart(xml: str, where: str):
+    """The MjModel of `xml`, compiled in a short-lived child process and loaded from its binary.
+
+    Compiling a LIBERO scene leaves ~420 MB behind in the compiling process (MuJoCo's decoded
+    meshes and textures, and allocations it keeps for later compiles) on top of the model itself;
+    an env that compiles once has no use for them. Loading the binary gives the identical model.
+    """
+    import subprocess
+    import tempfile
+
     import mujoco
 
-    cache = mujoco.mj_getCache()
-    capacity = mujoco.mj_getCacheCapacity(cache)
-    if not keep:
-        mujoco.mj_setCacheCapacity(cache, 0)
+    scratch = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="minivla_wmrl_mjb_") as tmp:
+        path = os.path.join(tmp, "model.mjb")
+        done = subprocess.run([sys.executable, "-c", _COMPILER, path], input=xml, text=True, capture_output=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{where}: compiling the MuJoCo model in a child process failed:\n{done.stderr[-2000:]}")
+        return mujoco.MjModel.from_binary_path(path)
+
+
+@contextmanager
+def compiled_apart(where: str):
+    """While robosuite builds a sim (a LIBERO env, or a hard reset), compile it with `compile_apart`.
+    robosuite has no hook for it, so its XML-to-sim constructor is wrapped for the duration."""
+    import robosuite.utils.binding_utils as binding
+
+    compile_here = binding.MjSim.__dict__["from_xml_string"]
+    binding.MjSim.from_xml_string = classmethod(lambda cls, xml: cls(compile_apart(xml, where)))
     try:
         yield
     finally:
-        mujoco.mj_setCacheCapacity(cache, capacity)
+        binding.MjSim.from_xml_string = compile_here
 
 
 def _import_benchmark():
@@ -165,8 +187,9 @@ class LiberoEnv(RobotEnv):
         render_every_step: render cameras on every physics step (the reference loops' cost;
             used as the baseline in benchmarks and tests).
         seed: seeds the fixture placement drawn at every reset (the protocol uses 0).
-        asset_cache: let MuJoCo keep the decoded meshes and textures of this scene (~340 MB) for
-            later compiles; None: only with hard resets, which recompile every episode.
+        compile_apart: compile the scene in a child process and load the binary model, so this
+            process does not keep what compiling leaves behind (~420 MB); None: with soft resets
+            (hard resets recompile every episode, faster in-process with MuJoCo's asset cache).
 
     LIBERO draws fixture positions (e.g. the cabinet's) from numpy's global RNG at each reset; they
     are not part of the init state. The reference loops seed once at creation, so trial i's
@@ -181,7 +204,7 @@ class LiberoEnv(RobotEnv):
     def __init__(self, suite: str, task: int | str = 0, cameras=("agentview",), image_convention: str = "minivla",
                  resolution: int | None = None, max_steps: int | None = None, soft_reset: bool = True,
                  render_every_step: bool = False, num_wait_steps: int = NUM_WAIT_STEPS, seed: int = 0,
-                 asset_cache: bool | None = None):
+                 compile_apart: bool | None = None):
         super().__init__()
         if image_convention not in IMAGE_CONVENTIONS:
             raise ValueError(f"unknown image_convention {image_convention!r}; "
@@ -213,7 +236,8 @@ class LiberoEnv(RobotEnv):
 
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
         self.bddl_file = bddl
-        with mujoco_asset_cache(keep=not soft_reset if asset_cache is None else asset_cache):
+        self.compile_apart = soft_reset if compile_apart is None else compile_apart
+        with compiled_apart(self.task_id) if self.compile_apart else nullcontext():
             self._env = OffScreenRenderEnv(
                 bddl_file_name=bddl, camera_names=[CAMERAS[c] for c in self.cameras] or ["agentview"],
                 camera_heights=self.resolution, camera_widths=self.resolution,
@@ -291,7 +315,8 @@ class LiberoEnv(RobotEnv):
         global_rng = np.random.get_state()
         np.random.seed(seed)
         try:
-            self._env.reset()
+            with compiled_apart(self.task_id) if self.compile_apart else nullcontext():  # a hard reset recompiles
+                self._env.reset()
         finally:
             np.random.set_state(global_rng)
 

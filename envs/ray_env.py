@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+from envs import gl
 from envs.base import EnvInfo
 from envs.vector_env import EnvFactory, EnvFailure, EnvPool, forwarded_env_vars
 
@@ -22,6 +23,7 @@ from envs.vector_env import EnvFactory, EnvFailure, EnvPool, forwarded_env_vars
 class _EnvActor:
     def __init__(self, factory: EnvFactory, env_vars: dict[str, str]):
         os.environ.update(env_vars)
+        gl.torch_free_process = True
         self.env = factory()
 
     def info(self) -> EnvInfo:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from envs import gl
 from envs.base import EnvInfo, Observation, RobotEnv, StepResult
 
 EnvFactory = Callable[[], RobotEnv]
@@ -40,6 +41,7 @@ def forwarded_env_vars() -> dict[str, str]:
 
 def _worker(factory: EnvFactory, conn, env_vars: dict[str, str]) -> None:
     os.environ.update(env_vars)
+    gl.torch_free_process = True
     try:
         env = factory()
         conn.send(("ok", EnvInfo.of(env)))

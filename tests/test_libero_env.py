@@ -66,15 +66,20 @@ def test_on_demand_frames_equal_always_render_frames(libero_env, libero_env_alwa
 
 
 @pytest.mark.simulator
-def test_soft_reset_observation_equals_a_fresh_env(libero_env):
+def test_soft_reset_observation_equals_a_fresh_env_that_compiled_its_scene_itself(libero_env):
     libero_env.reset(5)
     libero_env.step(np.random.default_rng(1).uniform(-1, 1, (12, 7)))
     soft = libero_env.reset(3)
-    fresh_env = LiberoEnv(*TASK0, cameras=("agentview",))
+    fresh_env = LiberoEnv(*TASK0, cameras=("agentview",), compile_apart=False)
+    assert libero_env.compile_apart and not fresh_env.compile_apart  # the model from a child's binary, and not
     try:
         fresh = fresh_env.reset(3)
         np.testing.assert_array_equal(soft.images["agentview"], fresh.images["agentview"])
         np.testing.assert_array_equal(soft.proprio, fresh.proprio)
+        np.testing.assert_array_equal(libero_env.get_state(), fresh_env.get_state())
+        chunk = np.random.default_rng(2).uniform(-1, 1, (16, 7))
+        after = [env.step(chunk).observation.images["agentview"] for env in (libero_env, fresh_env)]
+        np.testing.assert_array_equal(*after)  # the same physics and rendering from there on
         np.testing.assert_array_equal(libero_env.get_state(), fresh_env.get_state())
     finally:
         fresh_env.close()
@@ -177,3 +182,13 @@ def test_init_states_are_read_without_torch_and_equal_torch_load():
     for suite in ("libero_10", "libero_90"):
         bench = get_suite(suite)
         np.testing.assert_array_equal(read_init_states(bench, 0), bench.get_task_init_states(0))  # torch.load
+
+
+def test_a_scene_that_does_not_compile_apart_is_named():
+    from envs.libero_env import compile_apart
+
+    model = compile_apart('<mujoco><worldbody><geom size="0.1"/></worldbody></mujoco>', "tiny")
+    assert model.ngeom == 1
+    with pytest.raises(RuntimeError, match=r"libero_10/3: compiling the MuJoCo model in a child process failed:"
+                                           r"(.|\n)*Schema violation"):
+        compile_apart("<mujoco><nonsense/></mujoco>", "libero_10/3")
