@@ -301,3 +301,19 @@ def test_a_run_built_from_the_reference_modules_computes_as_the_reference(policy
         torch.testing.assert_close(imported.projector(patches), projector(patches))
         ids = torch.tensor([[1, 5, 9, 200, 300]])
         torch.testing.assert_close(imported.llm(input_ids=ids).logits, llm(input_ids=ids).logits)
+
+
+def test_vision_features_are_prismatics_second_to_last_block_without_running_the_last():
+    vision = make_policy(seed=9).vision
+    pixels = torch.rand(2, 3, 224, 224)
+    calls = []
+    last_block = vision.dino_featurizer.blocks[-1]
+    handle = last_block.register_forward_hook(lambda *args: calls.append(1))
+    with torch.no_grad():
+        features = vision(pixels)
+        handle.remove()
+        prismatic = [vit.get_intermediate_layers(x, n=[len(vit.blocks) - 2])[0] for vit, x in (
+            (vision.dino_featurizer, (pixels - vision.dino_mean) / vision.dino_std),
+            (vision.siglip_featurizer, (pixels - 0.5) / 0.5))]
+    assert torch.equal(features, torch.cat(prismatic, dim=-1))
+    assert not calls  # the last block's output is never used, so it is not computed

@@ -60,11 +60,15 @@ class FusedVisionBackbone(nn.Module):
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels (N, 3, H, W) in [0, 1] → (N, num_patches, dino_dim + siglip_dim)."""
-        dino = self.dino_featurizer.get_intermediate_layers((pixels - self.dino_mean) / self.dino_std,
-                                                             n=[len(self.dino_featurizer.blocks) - 2])[0]
-        siglip = self.siglip_featurizer.get_intermediate_layers((pixels - 0.5) / 0.5,
-                                                                 n=[len(self.siglip_featurizer.blocks) - 2])[0]
-        return torch.cat([dino, siglip], dim=-1)
+        return torch.cat([self._second_to_last(self.dino_featurizer, (pixels - self.dino_mean) / self.dino_std),
+                          self._second_to_last(self.siglip_featurizer, (pixels - 0.5) / 0.5)], dim=-1)
+
+    @staticmethod
+    def _second_to_last(vit: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+        """Patch features after the second-to-last block, as Prismatic's `get_intermediate_layers`
+        gives them, without running the last block (which that call runs and discards)."""
+        return vit.forward_intermediates(pixels, indices=[len(vit.blocks) - 2], stop_early=True,
+                                         intermediates_only=True, output_fmt="NLC")[0]
 
 
 class FusedMLPProjector(nn.Module):
