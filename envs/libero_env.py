@@ -17,6 +17,7 @@ import types
 import zipfile
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -93,13 +94,14 @@ class _TorchOnDemand(types.ModuleType):
         return getattr(torch, name)
 
 
-# compiles MJCF text from stdin into a binary model file (MJB) named by argv[1]
-_COMPILER = ("import sys, mujoco; "
-             "mujoco.mj_saveModel(mujoco.MjModel.from_xml_string(sys.stdin.read()), sys.argv[1], None)")
+# compiles MJCF text from stdin; writes the binary model (MJB) to argv[1] and MuJoCo's saved XML of it to argv[2]
+_COMPILER = ("import sys, mujoco; model = mujoco.MjModel.from_xml_string(sys.stdin.read()); "
+             "mujoco.mj_saveModel(model, sys.argv[1], None); mujoco.mj_saveLastXML(sys.argv[2], model)")
 
 
 def compile_apart(xml: str, where: str):
-    """The MjModel of `xml`, compiled in a short-lived child process and loaded from its binary.
+    """(MjModel, saved XML) of `xml`, compiled in a short-lived child process, the model loaded from
+    its binary. The saved XML is what `sim.model.get_xml()` gives after an in-process compile.
 
     Compiling a LIBERO scene leaves ~420 MB behind in the compiling process (MuJoCo's decoded
     meshes and textures, and allocations it keeps for later compiles) on top of the model itself;
@@ -112,21 +114,29 @@ def compile_apart(xml: str, where: str):
 
     scratch = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(dir=scratch, prefix="minivla_wmrl_mjb_") as tmp:
-        path = os.path.join(tmp, "model.mjb")
-        done = subprocess.run([sys.executable, "-c", _COMPILER, path], input=xml, text=True, capture_output=True)
+        binary, saved = os.path.join(tmp, "model.mjb"), os.path.join(tmp, "model.xml")
+        done = subprocess.run([sys.executable, "-c", _COMPILER, binary, saved], input=xml, text=True,
+                              capture_output=True)
         if done.returncode != 0:
             raise RuntimeError(f"{where}: compiling the MuJoCo model in a child process failed:\n{done.stderr[-2000:]}")
-        return mujoco.MjModel.from_binary_path(path)
+        with open(saved) as file:
+            return mujoco.MjModel.from_binary_path(binary), file.read()
 
 
 @contextmanager
-def compiled_apart(where: str):
-    """While robosuite builds a sim (a LIBERO env, or a hard reset), compile it with `compile_apart`.
-    robosuite has no hook for it, so its XML-to-sim constructor is wrapped for the duration."""
+def compiled_apart(where: str, on_compiled: Callable[[str], None]):
+    """While robosuite builds a sim (a LIBERO env, or a hard reset), compile it with `compile_apart`
+    and hand its saved XML to `on_compiled`. robosuite has no hook for it, so its XML-to-sim
+    constructor is wrapped for the duration."""
     import robosuite.utils.binding_utils as binding
 
+    def from_xml_string(cls, xml: str):
+        model, saved_xml = compile_apart(xml, where)
+        on_compiled(saved_xml)
+        return cls(model)
+
     compile_here = binding.MjSim.__dict__["from_xml_string"]
-    binding.MjSim.from_xml_string = classmethod(lambda cls, xml: cls(compile_apart(xml, where)))
+    binding.MjSim.from_xml_string = classmethod(from_xml_string)
     try:
         yield
     finally:
@@ -237,7 +247,8 @@ class LiberoEnv(RobotEnv):
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
         self.bddl_file = bddl
         self.compile_apart = soft_reset if compile_apart is None else compile_apart
-        with compiled_apart(self.task_id) if self.compile_apart else nullcontext():
+        self._model_xml: str | None = None
+        with self._compiling():
             self._env = OffScreenRenderEnv(
                 bddl_file_name=bddl, camera_names=[CAMERAS[c] for c in self.cameras] or ["agentview"],
                 camera_heights=self.resolution, camera_widths=self.resolution,
@@ -268,6 +279,18 @@ class LiberoEnv(RobotEnv):
     @property
     def sim(self):
         return self._env.sim
+
+    def _compiling(self):
+        return compiled_apart(self.task_id, self._keep_xml) if self.compile_apart else nullcontext()
+
+    def _keep_xml(self, xml: str) -> None:
+        self._model_xml = xml
+
+    @property
+    def model_xml(self) -> str:
+        """The compiled scene as MuJoCo saves it (LIBERO's hdf5 `model_file`); compiled apart, it is saved
+        right after compiling, before robosuite's visual changes to the model (e.g. hidden sites)."""
+        return self._model_xml if self.compile_apart else self.sim.model.get_xml()
 
     def reset(self, init_state: int | np.ndarray = 0, render: bool = True) -> Observation | None:
         """Reset, restore the init state (index 0..49 or a raw flattened MuJoCo state), run the wait steps."""
@@ -315,7 +338,7 @@ class LiberoEnv(RobotEnv):
         global_rng = np.random.get_state()
         np.random.seed(seed)
         try:
-            with compiled_apart(self.task_id) if self.compile_apart else nullcontext():  # a hard reset recompiles
+            with self._compiling():  # a hard reset recompiles
                 self._env.reset()
         finally:
             np.random.set_state(global_rng)

@@ -116,3 +116,19 @@ def test_bad_lerobot_datasets_are_named(tmp_path):
     with pytest.raises(ValueError, match="no episodes to write"):
         write_lerobot(tmp_path / "empty", [], fps=10)
     assert not (tmp_path / "empty").exists()
+
+
+@pytest.mark.simulator
+def test_demos_command_writes_a_lerobot_dataset_that_trains(tmp_path):
+    from minivla_wmrl.cli import main as cli
+
+    out = tmp_path / "libero_lerobot"
+    cli(["demos", "--suite", "libero_90", "--tasks", "0", "--num", "1", "--max-episodes", "1", "--format", "lerobot",
+         "--lerobot-version", "v2.1", "--out", str(out)])
+    info = json.loads((out / "meta" / "info.json").read_text())
+    assert (info["codebase_version"], info["total_episodes"], info["fps"]) == ("v2.1", 1, 20)
+    report = json.loads((out / "demos_report.json").read_text())
+    assert report[0]["succeeded"] == 1 and report[0]["file"] == str(out)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the intermediate hdf5 files are gone
+    (episode,) = read_episodes([out], 8, **CAMERAS)
+    assert episode.instruction == "close the top drawer of the cabinet" and len(episode.actions) >= 8

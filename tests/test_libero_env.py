@@ -1,5 +1,7 @@
 """LiberoEnv on the real simulator: suites, the drawer task, render on demand, soft resets, bad input."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -81,6 +83,10 @@ def test_soft_reset_observation_equals_a_fresh_env_that_compiled_its_scene_itsel
         after = [env.step(chunk).observation.images["agentview"] for env in (libero_env, fresh_env)]
         np.testing.assert_array_equal(*after)  # the same physics and rendering from there on
         np.testing.assert_array_equal(libero_env.get_state(), fresh_env.get_state())
+        # what LIBERO's hdf5 stores as model_file: the same elements (values may differ where robosuite changes
+        # the model after compiling, e.g. hiding sites, which the in-process save reflects)
+        names = [re.findall(r' name="([^"]+)"', env.model_xml) for env in (libero_env, fresh_env)]
+        assert names[0] == names[1] and len(names[0]) > 100
     finally:
         fresh_env.close()
     again = libero_env.reset(3)  # another env built and closed in this process must not spoil rendering
@@ -187,8 +193,8 @@ def test_init_states_are_read_without_torch_and_equal_torch_load():
 def test_a_scene_that_does_not_compile_apart_is_named():
     from envs.libero_env import compile_apart
 
-    model = compile_apart('<mujoco><worldbody><geom size="0.1"/></worldbody></mujoco>', "tiny")
-    assert model.ngeom == 1
+    model, saved = compile_apart('<mujoco><worldbody><geom name="ball" size="0.1"/></worldbody></mujoco>', "tiny")
+    assert model.ngeom == 1 and 'name="ball"' in saved
     with pytest.raises(RuntimeError, match=r"libero_10/3: compiling the MuJoCo model in a child process failed:"
                                            r"(.|\n)*Schema violation"):
         compile_apart("<mujoco><nonsense/></mujoco>", "libero_10/3")

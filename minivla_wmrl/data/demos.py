@@ -73,7 +73,7 @@ def _write_task_file(path: Path, env: LiberoEnv, episodes: list[Episode]) -> Non
         for i, episode in enumerate(episodes):
             demo = data.create_group(f"demo_{i}")
             steps = len(episode.actions)
-            demo.attrs.update(num_samples=steps, model_file=env.sim.model.get_xml(),
+            demo.attrs.update(num_samples=steps, model_file=env.model_xml,
                               init_state=episode.states[0])
             low = {k: np.stack([s[k] for s in episode.low_dim]) for k in
                    ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos", "robot0_joint_pos")}
