@@ -83,10 +83,11 @@ class LeRobotDataset:
         if self.version == "v3.0":
             table = pq.read_table(self.root / "meta" / "tasks.parquet")
             self.tasks = dict(zip(table.column("task_index").to_pylist(), table.column("task").to_pylist()))
-            self.episode_meta = pq.read_table(sorted((self.root / "meta" / "episodes").glob("*/*.parquet"))).to_pylist()
+            episode_meta = pq.read_table(sorted((self.root / "meta" / "episodes").glob("*/*.parquet"))).to_pylist()
         else:
             self.tasks = {t["task_index"]: t["task"] for t in _jsonl(self.root / "meta" / "tasks.jsonl")}
-            self.episode_meta = _jsonl(self.root / "meta" / "episodes.jsonl")
+            episode_meta = _jsonl(self.root / "meta" / "episodes.jsonl")
+        self.episode_meta = {m["episode_index"]: m for m in episode_meta}
         files = sorted((self.root / "data").glob("chunk-*/*.parquet"))
         if not files:
             raise FileNotFoundError(f"{self.root}/data holds no parquet files")
@@ -97,12 +98,13 @@ class LeRobotDataset:
             table = pq.read_table(file, columns=["episode_index", "frame_index", "task_index"]
                                   + [self.action_key] * (self.action_key is not None))
             episodes, frames = (table.column(k).to_numpy() for k in ("episode_index", "frame_index"))
-            actions = (np.asarray(table.column(self.action_key).to_pylist(), dtype=np.float64)
-                       if self.action_key else np.zeros((len(table), 0)))
+            actions = (_vectors(table.column(self.action_key), f"{file}: {self.action_key}") if self.action_key
+                       else np.zeros((len(table), 0)))
             tasks = table.column("task_index").to_numpy()
-            for episode in np.unique(episodes):
-                rows = np.flatnonzero(episodes == episode)
-                rows = rows[np.argsort(frames[rows])]
+            order = np.lexsort((frames, episodes))  # rows grouped by episode, each in frame order
+            starts = np.flatnonzero(np.r_[True, np.diff(episodes[order]) != 0])
+            for rows in np.split(order, starts[1:]):
+                episode = episodes[rows[0]]
                 if not np.array_equal(frames[rows], np.arange(len(rows))):
                     raise ValueError(f"{file}: episode {episode} frame_index is not 0..{len(rows) - 1}")
                 self.rows[int(episode)] = (file, rows)
@@ -134,7 +136,7 @@ class LeRobotDataset:
         return decode_frames(video, start + indices / self.fps)
 
     def _video(self, episode: int, key: str) -> tuple[Path, float]:
-        meta = next(m for m in self.episode_meta if m["episode_index"] == episode)
+        meta = self.episode_meta[episode]
         if self.version == "v3.0":
             chunk, file = meta[f"videos/{key}/chunk_index"], meta[f"videos/{key}/file_index"]
             path = self.info["video_path"].format(video_key=key, chunk_index=chunk, file_index=file)
@@ -142,6 +144,15 @@ class LeRobotDataset:
         path = self.info["video_path"].format(episode_chunk=episode // self.info.get("chunks_size", CHUNK_SIZE),
                                               video_key=key, episode_index=episode)
         return self.root / path, 0.0
+
+
+def _vectors(column, where: str) -> np.ndarray:
+    """A parquet column of fixed-length number lists (list or fixed_size_list) → (rows, length) float64."""
+    flat = column.combine_chunks()
+    values = flat.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
+    if len(flat) and values.size % len(flat):
+        raise ValueError(f"{where} holds lists of different lengths; expected one fixed-length vector per frame")
+    return values.reshape(len(flat), -1) if len(flat) else np.zeros((0, 0))
 
 
 @lru_cache(maxsize=8)
