@@ -29,6 +29,7 @@ SUITES = ("libero_90", "libero_10", "libero_spatial", "libero_object", "libero_g
 # The protocol's step caps after the wait steps (longest training demo: 373/505/193/254/270).
 SUITE_MAX_STEPS = {"libero_90": 400, "libero_10": 520, "libero_spatial": 220, "libero_object": 280, "libero_goal": 300}
 NUM_WAIT_STEPS = 10
+CONTROL_HZ = 20  # LIBERO's OSC_POSE control rate: one env step per control step
 WAIT_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
 CAMERAS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
 

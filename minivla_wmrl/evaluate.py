@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from envs.factory import GYM, env_factory, env_pool
-from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, read_init_states, resolve_task
+from envs.libero_env import (CONTROL_HZ, IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, read_init_states,
+                              resolve_task)
 from minivla_wmrl.atomic import atomic_file, output_directory
 from minivla_wmrl.config import Range, check_config, command_line_parser, config_from_dict
 from minivla_wmrl.init_states import evaluation_init_states
@@ -36,8 +37,8 @@ from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from minivla_wmrl.statistics import rate
 from minivla_wmrl.video import write_episode_video
+from world_models.pretrained import pretrained_directory
 
-CONTROL_HZ = 20
 SAMPLE_SEED_STRIDE = 1_000_000  # sample k of trial i samples with episode seed i + k × stride (k = 0: seed i)
 
 
@@ -120,14 +121,15 @@ def setting(recorded: dict, key: str):
     return recorded.get(key, SETTING_DEFAULTS.get(key))
 
 
-def settings(config: EvalConfig, tasks: list[int], progress: bool = False) -> dict:
-    """Everything that changes the numbers; a resumed evaluation must match it exactly."""
+def settings(config: EvalConfig, checkpoint: Path, tasks: list[int], progress: bool = False) -> dict:
+    """Everything that changes the numbers; a resumed evaluation must match it exactly. `checkpoint`:
+    the local directory `config.checkpoint` names (a Hub repo id's downloaded snapshot)."""
     protocol_cap = SUITE_MAX_STEPS.get(config.suite)
     max_steps = config.max_steps or protocol_cap or "env default"
     convention = IMAGE_CONVENTIONS[config.image_convention]
     return {
-        "checkpoint": str(Path(config.checkpoint).resolve()),
-        "checkpoint_sha256": checkpoint_hash(Path(config.checkpoint), progress),
+        "checkpoint": str(checkpoint.resolve()),
+        "checkpoint_sha256": checkpoint_hash(checkpoint, progress),
         "suite": config.suite, "tasks": tasks, "trials": config.trials, "first_trial": config.first_trial,
         "seed": config.seed,
         "sampling": "greedy" if config.temperature == 0 else f"temperature {config.temperature}",
@@ -277,11 +279,12 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         trial_ids = {task: evaluation_init_states(config.trials, len(read_init_states(bench, task)),
                                                   config.first_trial) for task in tasks}
         action_dim = LiberoEnv.action_dim
-    policy = MiniVLA.from_pretrained(config.checkpoint, device=config.device, dtype=DTYPES[config.dtype])
+    checkpoint = pretrained_directory(config.checkpoint, "policy checkpoint")
+    policy = MiniVLA.from_pretrained(checkpoint, device=config.device, dtype=DTYPES[config.dtype])
     _check_policy(policy, config.checkpoint, action_dim)
 
     out = output_directory(Path(config.out))
-    run_settings = settings(config, tasks, progress) | {"center_crop": policy.config.center_crop}
+    run_settings = settings(config, checkpoint, tasks, progress) | {"center_crop": policy.config.center_crop}
     settings_path = out / "eval_settings.json"
     if settings_path.exists():
         previous = json.loads(settings_path.read_text())

@@ -92,11 +92,19 @@ def test_killed_evaluation_resumes_and_counts_each_trial_once(checkpoint, tmp_pa
 
 
 @pytest.mark.simulator
-def test_resume_with_other_settings_is_refused(checkpoint, tmp_path):
-    evaluate(config(checkpoint, tmp_path, tasks=["0"], trials=1, envs=1, videos="none"), progress=False)
+def test_resume_with_other_settings_is_refused(checkpoint, tmp_path, monkeypatch):
+    first = evaluate(config(checkpoint, tmp_path, tasks=["0"], trials=1, envs=1, videos="none"), progress=False)
     with pytest.raises(ValueError, match="other settings.*execute_steps"):
         evaluate(config(checkpoint, tmp_path, tasks=["0"], trials=1, envs=1, videos="none", execute_steps=4),
                  progress=False)
+    # the same checkpoint named by a Hub repo id (its snapshot: here, the same directory) is the same evaluation
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **options: str(checkpoint))
+    again = evaluate(config("someone/tiny-minivla", tmp_path, tasks=["0"], trials=1, envs=1, videos="none"),
+                     progress=False)
+    assert again["settings"]["checkpoint"] == first["settings"]["checkpoint"] == str(checkpoint.resolve())
+    assert again["per_task"] == first["per_task"]
 
 
 def test_bad_checkpoints_and_tasks_are_clear_errors(checkpoint, tmp_path):

@@ -22,9 +22,7 @@ from tqdm import tqdm
 
 from envs.experts import expert_for
 from minivla_wmrl.atomic import atomic_file, output_directory
-from envs.libero_env import LiberoEnv
-
-CONTROL_HZ = 20  # LIBERO's OSC_POSE control rate: one recorded step per control step
+from envs.libero_env import CONTROL_HZ, LiberoEnv
 
 
 @dataclass
