@@ -71,7 +71,7 @@ class LeRobotDataset:
     """One LeRobot dataset directory: its episodes' actions and tasks in memory, frames read on demand."""
 
     def __init__(self, root: Path):
-        pa, pq, _ = _libraries()
+        _, pq, _ = _libraries()
         self.root = Path(root)
         self.info = _read_json(self.root / "meta" / "info.json")
         self.version = self.info.get("codebase_version")
@@ -241,7 +241,7 @@ def write_lerobot(out: Path, episodes: Iterable[dict], fps: int, version: str = 
                   robot_type: str = "panda") -> Path:
     """Write episodes as a LeRobot dataset (atomically). Each episode: {"task": str, "frames": {feature:
     (T, ...) array}}; 4-d uint8 arrays are cameras (PNG in the parquet, or mp4 with `video`)."""
-    pa, pq, _ = _libraries()
+    pa, _, _ = _libraries()
     if version not in ("v2.1", "v3.0"):
         raise ValueError(f"LeRobot version {version!r} cannot be written; expected v2.1 or v3.0")
     with atomic_directory(Path(out)) as root:
