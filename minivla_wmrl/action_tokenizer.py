@@ -134,7 +134,10 @@ class ActionTokenizer(nn.Module, AtomicPretrained):
         if codes.numel() and (codes.min() < 0 or codes.max() >= c.codebook_size):
             raise ValueError(f"codes must lie in 0..{c.codebook_size - 1}")
         latent = self.vq.get_output_from_indices(codes[:, None])[:, 0]
-        return self.decoder(latent).view(-1, *self.chunk_shape) * c.act_scale
+        # the MLP row by row: a batched matmul may round differently with the batch size, and a chunk's actions
+        # must not depend on what was decoded with it (a rollout must not depend on who shared its query)
+        chunks = torch.cat([self.decoder(row[None]) for row in latent])
+        return chunks.view(-1, *self.chunk_shape) * c.act_scale
 
     def codes_to_token_ids(self, codes, vocab_len: int) -> torch.Tensor:
         """Code c → token id vocab_len - 1 - c (code 0 is the last added token)."""

@@ -194,3 +194,12 @@ def test_a_vq_folder_written_by_vqbet_loads_and_codes_as_vqbet_computes(tmp_path
 def test_tokenizer_training_uses_the_straight_through_gradient_by_default():
     assert ActionTokenizer().vq.layers[0].rotation_trick is False
     assert ActionTokenizer(ActionTokenizerConfig(rotation_trick=True)).vq.layers[0].rotation_trick is True
+
+
+def test_a_chunks_decoding_does_not_depend_on_its_batch():
+    torch.manual_seed(3)
+    tokenizer = ActionTokenizer().eval()
+    codes = torch.randint(0, tokenizer.config.codebook_size, (64, tokenizer.config.num_codebooks))
+    batched = tokenizer.decode(codes)
+    for i in (0, 17, 63):  # bit for bit: rollouts must not depend on which envs shared a query
+        assert torch.equal(batched[i], tokenizer.decode(codes[i:i + 1])[0])

@@ -312,11 +312,7 @@ class MiniVLA(nn.Module, AtomicPretrained):
     def decode_tokens(self, token_ids: torch.Tensor, log_probs: torch.Tensor) -> ActionQuery:
         """Token ids → VQ codes (clipped into the codebook, as MiniVLA does) → chunks → env actions."""
         codes = (self.vocab_len - 1 - token_ids.cpu()).clamp(0, self.config.codebook_size - 1)
-        # one row at a time: a batched matmul may round differently with the batch size, and an env's actions
-        # must not depend on which other envs shared its query (the overlapped rollout engine relies on it)
-        normalized = np.concatenate([self.action_tokenizer.decode(row[None]).numpy() for row in codes]
-                                    or [np.zeros((0, *self.action_tokenizer.chunk_shape), np.float32)])
-        normalized = normalized.astype(np.float64)
+        normalized = self.action_tokenizer.decode(codes).numpy().astype(np.float64)
         actions = None
         if self.statistics is not None:
             actions = self.statistics.unnormalize(normalized)

@@ -303,7 +303,7 @@ class GRPOTrainer:
         self.reference = None
         if grpo.kl_coef > 0 and not (p.lora and p.freeze_vision):  # else: the model with its adapters disabled
             self.reference = MiniVLA.from_pretrained(p.checkpoint, device=p.device,
-                                         dtype=DTYPES[p.dtype]).requires_grad_(False)
+                                                     dtype=DTYPES[p.dtype]).requires_grad_(False)
             if self.sharded:  # its forward passes run in the update, in step on every process
                 shard_policy(self.reference)
         self.trainable = [q for q in self.policy.parameters() if q.requires_grad]
@@ -690,7 +690,6 @@ class GRPOTrainer:
         def write_models(directory: Path) -> None:
             write_policy(self.policy, directory, weights=weights)
             if isinstance(self.world_model, torch.nn.Module):
-                (directory / "world_model").mkdir()
                 self.world_model.save_pretrained(directory / "world_model")
 
         return save_checkpoint(self.out, self.step, asdict(self.recipe), state, write_models)

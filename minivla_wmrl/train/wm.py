@@ -205,11 +205,6 @@ class WorldModelTrainer:
         self.rng.bit_generator.state = state["rng"]
 
 
-def _write_world_model(model: ProgressWorldModel, directory: Path) -> None:
-    directory.mkdir()
-    model.save_pretrained(directory)
-
-
 def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
     """Run a policy on RL training init states of each task and save the real-labelled trajectories."""
     from envs.factory import env_factory
@@ -290,7 +285,7 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
             if step % settings.save_every == 0 or step == settings.steps:
                 save_checkpoint(out, step, recipe_record,
                                 {"trainer": trainer.state_dict(), "step": step, **global_rng_state()},
-                                lambda directory: _write_world_model(model, directory / "world_model"))
+                                lambda directory: model.save_pretrained(directory / "world_model"))
     with atomic_directory(out / "world_model") as tmp:
         model.save_pretrained(tmp)
     return {"last": last, "world_model": str(out / "world_model"), "train": len(train_set), "held_out": len(val_set),
