@@ -32,9 +32,15 @@ def env_factory(suite: str, task: str | int, cameras=("agentview",), image_conve
                              max_steps=max_steps, seed=seed)
 
 
-def env_pool(factories, backend: str = "local", address: str | None = None):
-    """The pool that runs the envs: `local` worker processes (`VectorEnv`), Ray actors
-    (`RayVectorEnv`), or `inline` in this process (`InlineEnvs`, for cheap envs)."""
+def env_pool(factories, backend: str = "local", address: str | None = None, envs_per_worker: int = 1):
+    """The pool that runs the envs: `local` worker processes (`VectorEnv`, `envs_per_worker` envs in
+    each), Ray actors (`RayVectorEnv`, one env each), or `inline` in this process (`InlineEnvs`, for
+    cheap envs)."""
+    if backend not in ("local", "ray", "inline"):
+        raise ValueError(f"unknown rollout backend {backend!r}; expected 'local', 'ray' or 'inline'")
+    if envs_per_worker != 1 and backend != "local":
+        raise ValueError(f"envs_per_worker={envs_per_worker} needs the 'local' backend ({backend!r} runs one env "
+                         "per actor or all in this process)")
     if backend == "inline":
         from envs.vector_env import InlineEnvs
 
@@ -42,9 +48,7 @@ def env_pool(factories, backend: str = "local", address: str | None = None):
     if backend == "local":
         from envs.vector_env import VectorEnv
 
-        return VectorEnv(factories)
-    if backend == "ray":
-        from envs.ray_env import RayVectorEnv
+        return VectorEnv(factories, envs_per_worker=envs_per_worker)
+    from envs.ray_env import RayVectorEnv
 
-        return RayVectorEnv(factories, address=address)
-    raise ValueError(f"unknown rollout backend {backend!r}; expected 'local', 'ray' or 'inline'")
+    return RayVectorEnv(factories, address=address)

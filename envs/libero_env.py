@@ -201,6 +201,9 @@ class LiberoEnv(RobotEnv):
         compile_apart: compile the scene in a child process and load the binary model, so this
             process does not keep what compiling leaves behind (~420 MB); None: with soft resets
             (hard resets recompile every episode, faster in-process with MuJoCo's asset cache).
+            A scene compiled apart renders through a GL context shared with the other envs of the
+            same scene in this process, and its model's texture pixels are released after upload
+            (`envs.render_context`); otherwise it gets a private context, as in robosuite.
 
     LIBERO draws fixture positions (e.g. the cabinet's) from numpy's global RNG at each reset; they
     are not part of the init state. The reference loops seed once at creation, so trial i's
@@ -247,9 +250,10 @@ class LiberoEnv(RobotEnv):
 
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
         self.bddl_file = bddl
+        self.soft_reset = soft_reset
         self.compile_apart = soft_reset if compile_apart is None else compile_apart
         self._model_xml: str | None = None
-        with self._compiling():
+        with self._compiling(), self._rendering():
             self._env = OffScreenRenderEnv(
                 bddl_file_name=bddl, camera_names=[CAMERAS[c] for c in self.cameras] or ["agentview"],
                 camera_heights=self.resolution, camera_widths=self.resolution,
@@ -283,6 +287,15 @@ class LiberoEnv(RobotEnv):
 
     def _compiling(self):
         return compiled_apart(self.task_id, self._keep_xml) if self.compile_apart else nullcontext()
+
+    def _rendering(self):
+        """Envs of one scene compiled apart share its GL upload (`envs.render_context`); with hard
+        resets every episode recompiles and gets a private context."""
+        if not (self.compile_apart and self.soft_reset):
+            return nullcontext()
+        from envs.render_context import render_context_factory, scene_digest, shared_rendering
+
+        return shared_rendering(render_context_factory(lambda: scene_digest(self._model_xml), self.resolution))
 
     def _keep_xml(self, xml: str) -> None:
         self._model_xml = xml

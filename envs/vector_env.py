@@ -39,37 +39,49 @@ def forwarded_env_vars() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
 
 
-def _worker(factory: EnvFactory, conn, env_vars: dict[str, str]) -> None:
+def _worker(factories: Sequence[EnvFactory], conn, env_vars: dict[str, str]) -> None:
+    """Build the worker's envs, then run commands on them: (command, {slot: args}) is answered with
+    {slot: ("ok", result) | ("error", traceback)}, the slots run one after another."""
     os.environ.update(env_vars)
     gl.torch_free_process = True
+    envs = []
     try:
-        env = factory()
-        conn.send(("ok", EnvInfo.of(env)))
+        for factory in factories:
+            envs.append(factory())
+        conn.send(("ok", [EnvInfo.of(env) for env in envs]))
     except BaseException:  # noqa: BLE001 - reported to the parent, which decides
         conn.send(("error", traceback.format_exc()))
         return
     while True:
         try:
-            command, args = conn.recv()
+            command, args_per_slot = conn.recv()
         except (EOFError, KeyboardInterrupt):
             break
         if command == "close":
             break
-        try:
-            conn.send(("ok", getattr(env, command)(*args)))
-        except Exception:  # noqa: BLE001 - the episode fails, the worker lives on
-            conn.send(("error", traceback.format_exc()))
-    env.close()
+        results = {}
+        for slot, args in args_per_slot.items():
+            try:
+                results[slot] = ("ok", getattr(envs[slot], command)(*args))
+            except Exception:  # noqa: BLE001 - the episode fails, the worker lives on
+                results[slot] = ("error", traceback.format_exc())
+        conn.send(("ok", results))
+    for env in reversed(envs):
+        env.close()
     conn.close()
 
 
 class _Worker:
-    def __init__(self, ctx, factory: EnvFactory, env_vars: dict[str, str]):
+    """A worker process hosting the envs `first .. first + len(factories) - 1` of the pool."""
+
+    def __init__(self, ctx, first: int, factories: Sequence[EnvFactory], env_vars: dict[str, str]):
+        self.first, self.factories, self.env_vars = first, list(factories), env_vars
+        self.envs = range(first, first + len(self.factories))
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker, args=(factory, child, env_vars), daemon=True)
+        self.process = ctx.Process(target=_worker, args=(self.factories, child, env_vars), daemon=True)
         self.process.start()
         child.close()
-        self.info: EnvInfo | None = None
+        self.infos: list[EnvInfo] | None = None
 
     def kill(self) -> None:
         if self.process.is_alive():
@@ -161,107 +173,137 @@ class InlineEnvs(EnvPool):
 
 
 class VectorEnv(EnvPool):
-    """Run one env per worker process; `reset`/`step` act on many envs at once.
+    """Run the envs in worker processes, `envs_per_worker` each; `reset`/`step` act on many envs at once.
+
+    A worker hosting several LIBERO envs of one task renders them all through one GL context
+    (`envs.render_context`): a process per env costs ~1.1 GB, each further env in it ~120 MB.
+    The envs of one worker run one after another, so use at least as many workers as cores.
 
     Args:
         factories: one picklable zero-argument callable per env (e.g. `functools.partial(LiberoEnv,
-            "libero_90", 0)`), called inside the worker.
+            "libero_90", 0)`), called inside the workers; consecutive ones share a worker, so list
+            the envs of one task together.
         step_timeout_s: a worker that does not answer a command in time is killed and restarted.
-        start_timeout_s: time allowed for a worker to build its env.
+        start_timeout_s: time allowed for a worker to build its envs.
         egl_device_ids: optional EGL device per worker (MUJOCO_EGL_DEVICE_ID) on multi-GPU hosts.
+        envs_per_worker: envs each worker process hosts.
+
+    A worker that crashes or hangs is restarted with fresh envs: the envs in the failed command
+    report an `EnvFailure`, and all its envs report one for any command but `reset` until reset.
     """
 
     def __init__(self, factories: Sequence[EnvFactory], step_timeout_s: float = 120.0,
-                 start_timeout_s: float = 600.0, egl_device_ids: Sequence[int] | None = None):
+                 start_timeout_s: float = 600.0, egl_device_ids: Sequence[int] | None = None,
+                 envs_per_worker: int = 1):
         if not factories:
             raise ValueError("VectorEnv needs at least one env factory")
+        if envs_per_worker < 1:
+            raise ValueError(f"envs_per_worker must be >= 1, got {envs_per_worker}")
         self._ctx = mp.get_context("spawn")
         self.factories = list(factories)
         self.step_timeout_s, self.start_timeout_s = step_timeout_s, start_timeout_s
-        self._env_vars = []
-        for i in range(len(self.factories)):
+        self.restarts = [0] * len(self.factories)
+        self._lost: set[int] = set()  # envs whose episode went with a restarted worker, until reset
+        self._workers = []
+        for w, first in enumerate(range(0, len(self.factories), envs_per_worker)):
             env_vars = forwarded_env_vars()
             if egl_device_ids is not None:
-                env_vars["MUJOCO_EGL_DEVICE_ID"] = str(egl_device_ids[i % len(egl_device_ids)])
-            self._env_vars.append(env_vars)
-        self.restarts = [0] * len(self.factories)
-        self._workers = [_Worker(self._ctx, f, v) for f, v in zip(self.factories, self._env_vars)]
-        for i in range(self.num_envs):
-            self._await_ready(i, restart_on_failure=False)
+                env_vars["MUJOCO_EGL_DEVICE_ID"] = str(egl_device_ids[w % len(egl_device_ids)])
+            self._workers.append(_Worker(self._ctx, first, self.factories[first:first + envs_per_worker], env_vars))
+        self._worker_of = [w for w, worker in enumerate(self._workers) for _ in worker.envs]
+        try:
+            for w in range(len(self._workers)):
+                self._await_ready(w)
+        except RuntimeError:
+            self.close()
+            raise
 
     @property
     def num_envs(self) -> int:
-        return len(self._workers)
+        return len(self.factories)
 
     @property
     def infos(self) -> list[EnvInfo]:
-        return [self._await_ready(i) for i in range(self.num_envs)]
+        return [info for w in range(len(self._workers)) for info in self._await_ready(w)]
 
     def pids(self) -> list[int]:
+        """The worker processes' ids, one per worker."""
         return [w.process.pid for w in self._workers]
 
-    def _await_ready(self, i: int, restart_on_failure: bool = True) -> EnvInfo:
-        worker = self._workers[i]
-        if worker.info is None:
+    def _await_ready(self, w: int) -> list[EnvInfo]:
+        worker = self._workers[w]
+        if worker.infos is None:
             if not worker.conn.poll(self.start_timeout_s):
                 worker.kill()
-                raise RuntimeError(f"env worker {i} did not build its env within {self.start_timeout_s} s")
+                raise RuntimeError(f"env worker {w} did not build its envs within {self.start_timeout_s} s")
             try:
                 status, payload = worker.conn.recv()
             except EOFError:
-                status, payload = "error", "worker process died while building its env"
+                status, payload = "error", "worker process died while building its envs"
             if status != "ok":
                 worker.kill()
-                raise RuntimeError(f"env worker {i} failed to build its env:\n{payload}")
-            worker.info = payload
-        return worker.info
+                raise RuntimeError(f"env worker {w} failed to build its envs:\n{payload}")
+            worker.infos = payload
+        return worker.infos
 
-    def _restart(self, i: int) -> None:
-        self._workers[i].kill()
-        self.restarts[i] += 1
-        self._workers[i] = _Worker(self._ctx, self.factories[i], self._env_vars[i])
+    def _restart(self, w: int) -> None:
+        """Replace worker w; its envs' episodes are lost with it."""
+        old = self._workers[w]
+        old.kill()
+        for i in old.envs:
+            self.restarts[i] += 1
+        self._lost.update(old.envs)
+        self._workers[w] = _Worker(self._ctx, old.first, old.factories, old.env_vars)
 
     def _run(self, command: str, args_per_env: dict[int, tuple]) -> dict[int, Any]:
-        """Send `command` to the given envs in parallel; failed envs map to EnvFailure."""
+        """Send `command` to the given envs' workers in parallel; failed envs map to EnvFailure."""
         results: dict[int, Any] = {}
-        pending = {}
+        per_worker: dict[int, dict[int, tuple]] = {}
         for i, args in args_per_env.items():
-            try:
-                self._await_ready(i)
-            except RuntimeError as error:  # a restarted worker could not rebuild its env
-                results[i] = EnvFailure(f"worker crash: {error}")
+            if i in self._lost and command != "reset":
+                results[i] = EnvFailure(f"worker crash: env {i}'s worker was restarted since its last reset")
                 continue
+            self._lost.discard(i)
+            per_worker.setdefault(self._worker_of[i], {})[i] = args
+        pending, crashed = {}, set()
+        for w, args in per_worker.items():
+            worker = self._workers[w]
             try:
-                self._workers[i].conn.send((command, args))
-                pending[i] = self._workers[i]
-            except (BrokenPipeError, OSError) as error:
-                results[i] = EnvFailure(f"worker crash: {error!r}")
+                self._await_ready(w)
+                worker.conn.send((command, {i - worker.first: a for i, a in args.items()}))
+                pending[w] = worker
+            except (RuntimeError, BrokenPipeError, OSError) as error:  # e.g. a restart could not rebuild its envs
+                crashed.add(w)
+                results.update({i: EnvFailure(f"worker crash: {error}") for i in args})
         deadline = time.monotonic() + self.step_timeout_s
         while pending:
-            handles = {w.conn: i for i, w in pending.items()} | {w.process.sentinel: i for i, w in pending.items()}
+            handles = {w.conn: k for k, w in pending.items()} | {w.process.sentinel: k for k, w in pending.items()}
             ready = wait(list(handles), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                for i in pending:
-                    results[i] = EnvFailure(f"worker timeout: no answer to {command!r} within {self.step_timeout_s} s")
+                for w in pending:
+                    results.update({i: EnvFailure(f"worker timeout: no answer to {command!r} within "
+                                                  f"{self.step_timeout_s} s") for i in per_worker[w]})
+                crashed.update(pending)
                 break
             for handle in ready:
-                i = handles[handle]
-                if i not in pending:
+                w = handles[handle]
+                if w not in pending:
                     continue
-                worker = pending.pop(i)
+                worker = pending.pop(w)
                 try:
                     status, payload = worker.conn.recv() if worker.conn.poll() else ("crash", None)
                 except (EOFError, OSError):
                     status, payload = "crash", None
-                if status == "ok":
-                    results[i] = payload
-                elif status == "error":
-                    results[i] = EnvFailure(f"exception in env: {payload.strip().splitlines()[-1]}\n{payload}")
-                else:
-                    results[i] = EnvFailure(f"worker crash: process exited with code {worker.process.exitcode}")
-        for i, result in results.items():
-            if isinstance(result, EnvFailure) and not result.reason.startswith("exception"):
-                self._restart(i)
+                if status != "ok":
+                    crashed.add(w)
+                    results.update({i: EnvFailure(f"worker crash: process exited with code "
+                                                  f"{worker.process.exitcode}") for i in per_worker[w]})
+                    continue
+                for slot, (outcome, value) in payload.items():
+                    results[worker.first + slot] = value if outcome == "ok" else EnvFailure(
+                        f"exception in env: {value.strip().splitlines()[-1]}\n{value}")
+        for w in crashed:
+            self._restart(w)
         return results
 
     def close(self) -> None:

@@ -37,7 +37,8 @@ from minivla_wmrl.plots import plot_ablation
 from minivla_wmrl.statistics import mean_interval, mcnemar_exact, paired_difference, rate
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
-CELL_MAY_DIFFER = ("out", "resume", "env.backend", "env.ray_address", "policy.device")  # do not change results
+CELL_MAY_DIFFER = ("out", "resume", "env.backend", "env.ray_address", "env.envs_per_worker",
+                   "policy.device")  # do not change results
 
 
 @dataclass

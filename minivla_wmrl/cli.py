@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--chunk", type=int, default=8, help="actions per policy query (render once per chunk)")
     env.add_argument("--repeats", type=int, default=3, help="episodes per mode; the median is reported")
     env.add_argument("--image-convention", default="minivla", choices=["minivla", "openvla"])
+    env.add_argument("--envs-per-worker", type=int, default=4,
+                     help="envs in the worker whose memory is reported beside the one-env worker")
     env.add_argument("--json", help="write the result as JSON here")
     env.set_defaults(run=_main_of("minivla_wmrl.bench.env"))
     policy = bench.add_parser("policy", help="action queries/s: batched KV-cache generation vs one env at a time")

@@ -54,7 +54,8 @@ class EvalProtocol:
     trials: Annotated[int, Range(1)] = field(default=50, metadata=_help("trials per task; trial i uses init state i"))
     first_trial: Annotated[int, Range(0)] = field(default=0, metadata=_help(
         "run trials first_trial .. first_trial + trials - 1 (e.g. init states a policy did not train on)"))
-    envs: Annotated[int, Range(1)] = field(default=2, metadata=_help("parallel simulator workers (~2.4 GB RAM each)"))
+    envs: Annotated[int, Range(1)] = field(default=2, metadata=_help(
+        "parallel simulator envs (a LIBERO worker process holds ~1.1 GB)"))
     execute_steps: Annotated[int, Range(1)] = field(default=1, metadata=_help(
         "actions executed per query: 1 = MiniVLA's protocol (re-query every step), 8 = OpenVLA-OFT's"))
     temperature: Annotated[float, Range(0)] = field(default=0.0, metadata=_help("0 = greedy (the protocol's)"))
@@ -73,6 +74,8 @@ class EvalProtocol:
         "simulator workers: local processes, Ray actors, or inline (in this process, for cheap envs)"))
     ray_address: str | None = field(default=None, metadata=_help(
         "Ray cluster address (default: start a local Ray instance)"))
+    envs_per_worker: Annotated[int, Range(1)] = field(default=1, metadata=_help(
+        "envs per local worker process, sharing one GL context (~120 MB per further env instead of ~1.1 GB)"))
 
 
 @dataclass(kw_only=True)
@@ -328,7 +331,8 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                 os.fsync(log.fileno())
                 records[(task, trial, sample)] = record
 
-            with env_pool([factory] * min(config.envs, len(todo)), config.backend, config.ray_address) as envs:
+            with env_pool([factory] * min(config.envs, len(todo)), config.backend, config.ray_address,
+                          config.envs_per_worker) as envs:
                 task_id = envs.infos[0].task_id
                 specs = [EpisodeSpec(task_id, i, seed=i + SAMPLE_SEED_STRIDE * k, tag=(i, k)) for i, k in todo]
                 RolloutEngine(policy, envs, rollout, cameras).run(specs, on_episode, progress,

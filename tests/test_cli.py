@@ -13,7 +13,8 @@ from minivla_wmrl.cli import main as cli
 def test_bench_env_writes_the_three_timings_and_the_worker_memory(tmp_path):
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "env", "--suite", "libero_90",
-                           "--task", "0", "--steps", "16", "--chunk", "8", "--repeats", "1", "--json", str(out)],
+                           "--task", "0", "--steps", "16", "--chunk", "8", "--repeats", "1", "--envs-per-worker", "2",
+                           "--json", str(out)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
@@ -25,6 +26,9 @@ def test_bench_env_writes_the_three_timings_and_the_worker_memory(tmp_path):
     assert result["worker_has_torch"] is False  # LIBERO's benchmark module is imported without it
     # compiling the scene in a child process leaves the worker lighter
     assert result["worker_private_mb"] < result["worker_private_mb_compiled_in_worker"] - 200
+    # a second env of the task in the same worker costs far less than a worker of its own
+    assert result["shared_worker_envs"] == 2 and "one worker hosting 2 envs" in done.stdout
+    assert result["shared_worker_rss_mb"] < result["worker_rss_mb"] + 400
 
 
 def test_unknown_suite_is_a_clean_error():

@@ -69,27 +69,42 @@ def test_on_demand_frames_equal_always_render_frames(libero_env, libero_env_alwa
 
 @pytest.mark.simulator
 def test_soft_reset_observation_equals_a_fresh_env_that_compiled_its_scene_itself(libero_env):
+    """The default env (scene compiled apart, GL upload shared with the other envs of its scene) is
+    identical to one that compiles in-process and renders through a private context of its own."""
+    from envs.render_context import SharedRenderContext, live_uploads
+
     libero_env.reset(5)
     libero_env.step(np.random.default_rng(1).uniform(-1, 1, (12, 7)))
     soft = libero_env.reset(3)
+    uploads = live_uploads()
+    other = LiberoEnv(*TASK0, cameras=("agentview",))  # a second env of the scene, rendering in between
     fresh_env = LiberoEnv(*TASK0, cameras=("agentview",), compile_apart=False)
     assert libero_env.compile_apart and not fresh_env.compile_apart  # the model from a child's binary, and not
+    shared = [env.sim._render_context_offscreen for env in (libero_env, other)]
+    assert all(isinstance(c, SharedRenderContext) for c in shared) and shared[0].upload is shared[1].upload
+    assert live_uploads() == uploads and not isinstance(fresh_env.sim._render_context_offscreen, SharedRenderContext)
+    # the shared envs' models gave their texture pixels back after the upload (all but partial pages)
+    assert np.count_nonzero(other.sim.model._model.tex_data) < 2 * 4096 < np.count_nonzero(fresh_env.sim.model.tex_data)
     try:
+        other.reset(9)
         fresh = fresh_env.reset(3)
         np.testing.assert_array_equal(soft.images["agentview"], fresh.images["agentview"])
         np.testing.assert_array_equal(soft.proprio, fresh.proprio)
         np.testing.assert_array_equal(libero_env.get_state(), fresh_env.get_state())
         chunk = np.random.default_rng(2).uniform(-1, 1, (16, 7))
-        after = [env.step(chunk).observation.images["agentview"] for env in (libero_env, fresh_env)]
-        np.testing.assert_array_equal(*after)  # the same physics and rendering from there on
+        after = [env.step(chunk).observation.images["agentview"] for env in (libero_env, other, fresh_env)]
+        np.testing.assert_array_equal(after[0], after[2])  # the same physics and rendering from there on
         np.testing.assert_array_equal(libero_env.get_state(), fresh_env.get_state())
+        fresh_env.reset(9)
+        np.testing.assert_array_equal(after[1], fresh_env.step(chunk).observation.images["agentview"])
         # what LIBERO's hdf5 stores as model_file: the same elements (values may differ where robosuite changes
         # the model after compiling, e.g. hiding sites, which the in-process save reflects)
         names = [re.findall(r' name="([^"]+)"', env.model_xml) for env in (libero_env, fresh_env)]
         assert names[0] == names[1] and len(names[0]) > 100
     finally:
         fresh_env.close()
-    again = libero_env.reset(3)  # another env built and closed in this process must not spoil rendering
+        other.close()
+    again = libero_env.reset(3)  # other envs built and closed in this process must not spoil rendering
     np.testing.assert_array_equal(again.images["agentview"], soft.images["agentview"])
 
 

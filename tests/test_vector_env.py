@@ -65,7 +65,50 @@ def test_hung_worker_times_out_and_is_restarted():
         assert env.reset([None, 0])[1].proprio[0] == 0
 
 
+def test_a_lost_worker_fails_all_its_envs_until_they_are_reset():
+    with VectorEnv([SleepyEnv] * 4, step_timeout_s=2.0, envs_per_worker=2) as env:
+        assert len(env.pids()) == 2 and env.num_envs == len(env.infos) == 4
+        env.reset([0, 0, 0, 0])
+        results = env.step([np.zeros(2), np.zeros(2), np.array([30.0, 0.0]), None])  # env 3 idle in the hung worker
+        assert [r.failure is None for r in results[:2]] == [True, True] and results[3] is None
+        assert results[2].failure.startswith("worker timeout")
+        assert env.restarts == [0, 0, 1, 1]
+        after = env.step([np.zeros(2)] * 4)
+        assert [r.steps for r in after[:2]] == [1, 1]  # the other worker's envs go on
+        assert all("restarted since its last reset" in r.failure for r in after[2:])
+        assert [o.proprio[0] for o in env.reset([None, None, 0, 0])[2:]] == [0, 0]
+        assert [r.steps for r in env.step([None, None, np.zeros(2), np.zeros(2)])[2:]] == [1, 1]
+
+
+@pytest.mark.simulator
+def test_a_worker_hosting_two_envs_of_a_task_renders_them_like_a_local_env(libero_env):
+    actions = np.random.default_rng(5).uniform(-1, 1, (8, 7))
+    with VectorEnv([functools.partial(LiberoEnv, *TASK0, cameras=("agentview",))] * 2, envs_per_worker=2) as env:
+        assert len(env.pids()) == 1
+        first = env.reset([4, 6])
+        stepped = env.step([actions, actions])
+    for i, init_state in enumerate((4, 6)):
+        np.testing.assert_array_equal(first[i].images["agentview"], libero_env.reset(init_state).images["agentview"])
+        np.testing.assert_array_equal(stepped[i].observation.images["agentview"],
+                                      libero_env.step(actions).observation.images["agentview"])
+
+
 def test_wrong_number_of_actions_is_an_error():
     with VectorEnv([SleepyEnv]) as env:
         with pytest.raises(ValueError, match="got 2 entries for 1 envs"):
             env.step([np.zeros(2), np.zeros(2)])
+
+
+def test_env_pool_puts_envs_per_worker_on_local_workers_only():
+    from envs.factory import env_pool
+
+    with env_pool([SleepyEnv] * 3, "local", envs_per_worker=2) as pool:
+        assert len(pool.pids()) == 2 and pool.num_envs == 3
+        assert [o.proprio[0] for o in pool.reset([0, 0, 0])] == [0, 0, 0]
+        assert [r.steps for r in pool.step([np.zeros(2)] * 3)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="envs_per_worker=2 needs the 'local' backend"):
+        env_pool([SleepyEnv], "ray", envs_per_worker=2)
+    with pytest.raises(ValueError, match="envs_per_worker must be >= 1, got 0"):
+        env_pool([SleepyEnv], "local", envs_per_worker=0)
+    with pytest.raises(ValueError, match="unknown rollout backend 'slurm'"):
+        env_pool([SleepyEnv], "slurm")

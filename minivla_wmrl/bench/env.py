@@ -6,7 +6,8 @@ one env worker process.
 - floor: no rendering at all (the physics + control cost no rollout can beat);
 - worker memory: a rollout worker (`envs.VectorEnv`, engine settings) after a reset and 5 chunks:
   resident (RSS) and private (USS: what the process alone holds, freed when it exits) memory, as
-  it runs and, side by side, compiling its MuJoCo scene itself (as before `compile_apart`).
+  it runs; side by side, compiling its MuJoCo scene itself (as before `compile_apart`, which also
+  gives it a private GL context); and a worker hosting several envs of the task (one GL context).
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ def _episode(env: LiberoEnv, mode: str, actions: np.ndarray, chunk: int) -> floa
     return time.perf_counter() - start
 
 
-def worker_memory(suite: str, task: int | str, chunk: int, image_convention: str, **env_options) -> dict:
-    """RSS and private memory (MB) of one env worker process after a reset and 5 chunks."""
+def worker_memory(suite: str, task: int | str, chunk: int, image_convention: str, envs: int = 1,
+                  **env_options) -> dict:
+    """RSS and private memory (MB) of one env worker process hosting `envs` envs of the task, after
+    a reset and 5 chunks of each."""
     import functools
 
     import psutil
@@ -53,11 +56,11 @@ def worker_memory(suite: str, task: int | str, chunk: int, image_convention: str
     from envs.vector_env import VectorEnv
 
     pool = VectorEnv([functools.partial(LiberoEnv, suite, task, image_convention=image_convention,
-                                        **MODES["engine"], **env_options)])
+                                        **MODES["engine"], **env_options)] * envs, envs_per_worker=envs)
     try:
-        pool.reset([0])
+        pool.reset(list(range(envs)))
         for _ in range(5):
-            pool.step([np.zeros((chunk, LiberoEnv.action_dim))])
+            pool.step([np.zeros((chunk, LiberoEnv.action_dim))] * envs)
         (pid,) = pool.pids()
         memory = psutil.Process(pid).memory_full_info()
         loaded = {Path(m.path).name.split(".")[0] for m in psutil.Process(pid).memory_maps()}
@@ -68,7 +71,7 @@ def worker_memory(suite: str, task: int | str, chunk: int, image_convention: str
 
 
 def bench_env(suite: str = "libero_10", task: int | str = 0, steps: int = 520, chunk: int = 8, repeats: int = 3,
-              image_convention: str = "minivla", seed: int = 0) -> dict:
+              image_convention: str = "minivla", seed: int = 0, envs_per_worker: int = 4) -> dict:
     """Median wall time of one `steps`-step episode per mode (env creation excluded)."""
     rng = np.random.default_rng(seed)
     actions = np.concatenate([rng.uniform(-0.3, 0.3, (steps, 6)), np.sign(rng.uniform(-1, 1, (steps, 1)))], axis=1)
@@ -89,6 +92,10 @@ def bench_env(suite: str = "libero_10", task: int | str = 0, steps: int = 520, c
     compiled_here = worker_memory(suite, task, chunk, image_convention, compile_apart=False)
     result.update(worker_rss_mb_compiled_in_worker=compiled_here["worker_rss_mb"],
                   worker_private_mb_compiled_in_worker=compiled_here["worker_private_mb"])
+    shared = worker_memory(suite, task, chunk, image_convention, envs=envs_per_worker)
+    result.update(shared_worker_envs=envs_per_worker, shared_worker_rss_mb=shared["worker_rss_mb"],
+                  shared_worker_private_mb=shared["worker_private_mb"],
+                  shared_worker_rss_mb_per_env=shared["worker_rss_mb"] / envs_per_worker)
     result["speedup"] = result["naive_s"] / result["engine_s"]
     result["floor_ratio"] = result["engine_s"] / result["floor_s"]
     result.update(suite=suite, task=task, steps=steps, chunk=chunk, repeats=repeats, wait_steps=10,
@@ -111,11 +118,15 @@ def format_table(result: dict) -> str:
                  f"private{' (torch loaded)' if result['worker_has_torch'] else ''}; compiling its scene itself: "
                  f"{result['worker_rss_mb_compiled_in_worker']:.0f} MB resident, "
                  f"{result['worker_private_mb_compiled_in_worker']:.0f} MB private")
+    lines.append(f"one worker hosting {result['shared_worker_envs']} envs: {result['shared_worker_rss_mb']:.0f} MB "
+                 f"resident ({result['shared_worker_rss_mb_per_env']:.0f} MB per env), "
+                 f"{result['shared_worker_private_mb']:.0f} MB private")
     return "\n".join(lines)
 
 
 def main(args) -> None:
-    result = bench_env(args.suite, args.task, args.steps, args.chunk, args.repeats, args.image_convention)
+    result = bench_env(args.suite, args.task, args.steps, args.chunk, args.repeats, args.image_convention,
+                       envs_per_worker=args.envs_per_worker)
     print(format_table(result))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -140,6 +140,7 @@ class GRPOEnv:
     gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
     backend: str = "local"  # rollout workers: "local" processes, "ray" actors (a Ray cluster), "inline" (cheap envs)
     ray_address: str | None = None  # e.g. "auto" inside a Ray job; None starts a local Ray instance
+    envs_per_worker: Annotated[int, Range(1)] = 1  # local backend: envs per worker process (one GL context)
 
 
 @dataclass
@@ -168,7 +169,7 @@ class DenoiseConfig:
 
 # settings a resume may change: how long, how often to save, where the rollouts and the policy run
 RESUMABLE_CHANGES = ("out", "resume", "grpo.steps", "grpo.save_every", "grpo.real_step_budget", "env.backend",
-                     "env.ray_address", "policy.device", "policy.fsdp")
+                     "env.ray_address", "env.envs_per_worker", "policy.device", "policy.fsdp")
 
 
 @dataclass
@@ -348,7 +349,7 @@ class GRPOTrainer:
         e, cameras = self.recipe.env, ("agentview", "wrist")[:self.policy.config.num_images]
         return env_pool([env_factory(e.suite, task, cameras, e.image_convention, self.recipe.grpo.max_real_steps,
                                      gym=e.gym) for task in e.tasks for _ in range(e.envs_per_task)],
-                        e.backend, e.ray_address)
+                        e.backend, e.ray_address, e.envs_per_worker)
 
     def _init_state_pools(self) -> dict[str, list]:
         """Per task: generated RL training states (see `minivla_wmrl.init_states`), or protocol
