@@ -65,6 +65,14 @@ def test_two_tasks_two_trials_write_results_and_videos(checkpoint, tmp_path):
                                                                     if k not in timing}
     assert again["eval_s"] > info["overall"]["eval_s"] > 0
     assert len((tmp_path / "episodes.jsonl").read_text().splitlines()) == 4
+    # the same task's two envs in one worker (one GL context) give the same episodes, frame for frame
+    shared = evaluate(config(checkpoint, tmp_path / "shared", tasks=["0"], envs_per_worker=2), progress=False)
+    for alone, together in zip(info["per_task"][0]["episodes"], shared["per_task"][0]["episodes"]):
+        assert (alone["trial"], alone["success"], alone["length"]) == (together["trial"], together["success"],
+                                                                       together["length"])
+        for a, b in zip(*(imageio.mimread(d / e["video"]) for d, e in ((tmp_path, alone),
+                                                                          (tmp_path / "shared", together)))):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.simulator
