@@ -201,9 +201,10 @@ class LiberoEnv(RobotEnv):
         compile_apart: compile the scene in a child process and load the binary model, so this
             process does not keep what compiling leaves behind (~420 MB); None: with soft resets
             (hard resets recompile every episode, faster in-process with MuJoCo's asset cache).
-            A scene compiled apart renders through a GL context shared with the other envs of the
-            same scene in this process, and its model's texture pixels are released after upload
-            (`envs.render_context`); otherwise it gets a private context, as in robosuite.
+            With soft resets, a scene compiled apart renders through a GL context shared with the
+            other envs of the same scene in this process, and its model's texture pixels are
+            released after upload (`envs.render_context`); otherwise, or for frames larger than the
+            model's offscreen buffer (640x480), it gets a private context, as in robosuite.
 
     LIBERO draws fixture positions (e.g. the cabinet's) from numpy's global RNG at each reset; they
     are not part of the init state. The reference loops seed once at creation, so trial i's
@@ -263,6 +264,9 @@ class LiberoEnv(RobotEnv):
         self.seed = seed
         self._make_camera_sensors_lazy()
         self._raw_obs: dict = {}
+        from envs.render_context import release_current
+
+        release_current()  # robosuite's first render left the context current in this thread
 
     def _make_camera_sensors_lazy(self) -> None:
         shape = (self.resolution, self.resolution, 3)
@@ -273,10 +277,8 @@ class LiberoEnv(RobotEnv):
             def lazy(obs_cache, render=render):
                 if not self._render_next:
                     return np.zeros(shape, np.uint8)
-                # robosuite renders into whichever GL context is current; another env in this
-                # process (built, rendered or closed since) would leave a foreign one current.
-                self.sim._render_context_offscreen.gl_ctx.make_current()
-                return render(obs_cache)
+                with self._gl_current():
+                    return render(obs_cache)
 
             lazy.__modality__ = render.__modality__
             observable.set_sensor(lazy)
@@ -284,6 +286,21 @@ class LiberoEnv(RobotEnv):
     @property
     def sim(self):
         return self._env.sim
+
+    @contextmanager
+    def _gl_current(self):
+        """This env's GL context current for the duration, and none after. robosuite renders into, and
+        frees GL objects of, whichever context is current (another env's, built or rendered since);
+        released, the context can be made current next by any thread."""
+        from envs.render_context import release_current
+
+        context = self.sim._render_context_offscreen
+        if context is not None:
+            context.gl_ctx.make_current()
+        try:
+            yield
+        finally:
+            release_current()
 
     def _compiling(self):
         return compiled_apart(self.task_id, self._keep_xml) if self.compile_apart else nullcontext()
@@ -352,7 +369,7 @@ class LiberoEnv(RobotEnv):
         global_rng = np.random.get_state()
         np.random.seed(seed)
         try:
-            with self._compiling():  # a hard reset recompiles
+            with self._compiling(), self._gl_current():  # a hard reset recompiles, and frees the old GL context
                 self._env.reset()
         finally:
             np.random.set_state(global_rng)
@@ -394,7 +411,8 @@ class LiberoEnv(RobotEnv):
 
     def close(self) -> None:
         if getattr(self, "_env", None) is not None:
-            self._env.close()
+            with self._gl_current():  # robosuite frees its GL objects in whichever context is current
+                self._env.close()
             self._env = None
 
 

@@ -38,6 +38,8 @@ class SceneUpload:
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.con)
 
     def __del__(self):
+        if getattr(self, "con", None) is None or sys.is_finalizing():
+            return  # failed to build; or the interpreter is exiting, EGL maybe terminated (the OS frees all)
         self.gl_ctx.make_current()  # MjrContext.free deletes GL objects of whichever context is current
         self.con.free()
         self.gl_ctx.free()
@@ -88,6 +90,21 @@ class SharedRenderContext(MjRenderContext):
 
     def __del__(self):
         pass  # the upload is freed with its last user; robosuite's __del__ would free it for all
+
+
+def release_current() -> None:
+    """Leave no GL context current in this thread. An EGL context can be current in one thread at a
+    time, so an env that renders with its context current and then releases it can be rendered
+    next from any thread (e.g. the rollout engine's simulator thread). Other renderers: nothing."""
+    from robosuite.utils import binding_utils
+
+    if binding_utils._MUJOCO_GL != "egl":
+        return
+    from robosuite.renderers.context import egl_context
+
+    if egl_context.EGL_DISPLAY is not None:
+        EGL = egl_context.EGL
+        EGL.eglMakeCurrent(egl_context.EGL_DISPLAY, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE, EGL.EGL_NO_CONTEXT)
 
 
 def render_context_factory(scene: Callable[[], str], resolution: int):

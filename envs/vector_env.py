@@ -31,6 +31,9 @@ class EnvFailure:
     reason: str
 
 
+# commands a rebuilt env answers as well as its predecessor would, with no episode begun
+EPISODE_FREE_COMMANDS = ("reset", "sample_init_state", "published_init_states")
+
 FORWARDED_ENV_PREFIXES = ("LIBERO_", "MUJOCO_", "PYOPENGL_", "MESA_", "MINIVLA_WMRL_")
 
 
@@ -175,21 +178,24 @@ class InlineEnvs(EnvPool):
 class VectorEnv(EnvPool):
     """Run the envs in worker processes, `envs_per_worker` each; `reset`/`step` act on many envs at once.
 
-    A worker hosting several LIBERO envs of one task renders them all through one GL context
-    (`envs.render_context`): a process per env costs ~1.1 GB, each further env in it ~120 MB.
+    A worker hosting several LIBERO envs of one task (soft resets, the default) renders them all
+    through one GL context (`envs.render_context`): a process per env costs ~1.1 GB, each further
+    env in it ~120 MB.
     The envs of one worker run one after another, so use at least as many workers as cores.
 
     Args:
         factories: one picklable zero-argument callable per env (e.g. `functools.partial(LiberoEnv,
             "libero_90", 0)`), called inside the workers; consecutive ones share a worker, so list
             the envs of one task together.
-        step_timeout_s: a worker that does not answer a command in time is killed and restarted.
+        step_timeout_s: a worker that does not answer a command in time (this long per env of it
+            in the command) is killed and restarted.
         start_timeout_s: time allowed for a worker to build its envs.
         egl_device_ids: optional EGL device per worker (MUJOCO_EGL_DEVICE_ID) on multi-GPU hosts.
         envs_per_worker: envs each worker process hosts.
 
     A worker that crashes or hangs is restarted with fresh envs: the envs in the failed command
-    report an `EnvFailure`, and all its envs report one for any command but `reset` until reset.
+    report an `EnvFailure`, and all its envs report one for any command that needs their episode
+    until they are reset (`EPISODE_FREE_COMMANDS` still run).
     """
 
     def __init__(self, factories: Sequence[EnvFactory], step_timeout_s: float = 120.0,
@@ -260,10 +266,11 @@ class VectorEnv(EnvPool):
         results: dict[int, Any] = {}
         per_worker: dict[int, dict[int, tuple]] = {}
         for i, args in args_per_env.items():
-            if i in self._lost and command != "reset":
+            if command == "reset":
+                self._lost.discard(i)
+            elif i in self._lost and command not in EPISODE_FREE_COMMANDS:
                 results[i] = EnvFailure(f"worker crash: env {i}'s worker was restarted since its last reset")
                 continue
-            self._lost.discard(i)
             per_worker.setdefault(self._worker_of[i], {})[i] = args
         pending, crashed = {}, set()
         for w, args in per_worker.items():
@@ -275,14 +282,16 @@ class VectorEnv(EnvPool):
             except (RuntimeError, BrokenPipeError, OSError) as error:  # e.g. a restart could not rebuild its envs
                 crashed.add(w)
                 results.update({i: EnvFailure(f"worker crash: {error}") for i in args})
-        deadline = time.monotonic() + self.step_timeout_s
+        envs_in_turn = max((len(args) for args in per_worker.values()), default=1)  # a worker's envs run in turn
+        timeout_s = self.step_timeout_s * envs_in_turn
+        deadline = time.monotonic() + timeout_s
         while pending:
             handles = {w.conn: k for k, w in pending.items()} | {w.process.sentinel: k for k, w in pending.items()}
             ready = wait(list(handles), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 for w in pending:
                     results.update({i: EnvFailure(f"worker timeout: no answer to {command!r} within "
-                                                  f"{self.step_timeout_s} s") for i in per_worker[w]})
+                                                  f"{timeout_s} s") for i in per_worker[w]})
                 crashed.update(pending)
                 break
             for handle in ready:

@@ -67,11 +67,13 @@ def test_two_tasks_two_trials_write_results_and_videos(checkpoint, tmp_path):
     assert len((tmp_path / "episodes.jsonl").read_text().splitlines()) == 4
     # the same task's two envs in one worker (one GL context) give the same episodes, frame for frame
     shared = evaluate(config(checkpoint, tmp_path / "shared", tasks=["0"], envs_per_worker=2), progress=False)
+    assert len(shared["per_task"][0]["episodes"]) == len(info["per_task"][0]["episodes"]) == 2
     for alone, together in zip(info["per_task"][0]["episodes"], shared["per_task"][0]["episodes"]):
         assert (alone["trial"], alone["success"], alone["length"]) == (together["trial"], together["success"],
                                                                        together["length"])
-        for a, b in zip(*(imageio.mimread(d / e["video"]) for d, e in ((tmp_path, alone),
-                                                                          (tmp_path / "shared", together)))):
+        videos = [imageio.mimread(d / e["video"]) for d, e in ((tmp_path, alone), (tmp_path / "shared", together))]
+        assert len(videos[0]) == len(videos[1]) == 3
+        for a, b in zip(*videos):
             np.testing.assert_array_equal(a, b)
 
 

@@ -1,5 +1,6 @@
 """LiberoEnv on the real simulator: suites, the drawer task, render on demand, soft resets, bad input."""
 
+import mmap
 import re
 
 import numpy as np
@@ -84,7 +85,8 @@ def test_soft_reset_observation_equals_a_fresh_env_that_compiled_its_scene_itsel
     assert all(isinstance(c, SharedRenderContext) for c in shared) and shared[0].upload is shared[1].upload
     assert live_uploads() == uploads and not isinstance(fresh_env.sim._render_context_offscreen, SharedRenderContext)
     # the shared envs' models gave their texture pixels back after the upload (all but partial pages)
-    assert np.count_nonzero(other.sim.model._model.tex_data) < 2 * 4096 < np.count_nonzero(fresh_env.sim.model.tex_data)
+    page = mmap.PAGESIZE
+    assert np.count_nonzero(other.sim.model._model.tex_data) < 2 * page < np.count_nonzero(fresh_env.sim.model.tex_data)
     try:
         other.reset(9)
         fresh = fresh_env.reset(3)
@@ -213,3 +215,16 @@ def test_a_scene_that_does_not_compile_apart_is_named():
     with pytest.raises(RuntimeError, match=r"libero_10/3: compiling the MuJoCo model in a child process failed:"
                                            r"(.|\n)*Schema violation"):
         compile_apart("<mujoco><nonsense/></mujoco>", "libero_10/3")
+
+
+@pytest.mark.simulator
+def test_an_env_renders_from_any_thread(libero_env):
+    """An EGL context is current in one thread at a time; an env releases its own after each render,
+    so the main thread and a rollout engine's simulator thread (a new one per run) can take turns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    main = libero_env.reset(2).images["agentview"]
+    for _ in range(2):
+        with ThreadPoolExecutor(max_workers=1) as thread:
+            np.testing.assert_array_equal(thread.submit(lambda: libero_env.reset(2).images["agentview"]).result(), main)
+    np.testing.assert_array_equal(libero_env.reset(2).images["agentview"], main)

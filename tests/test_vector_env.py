@@ -76,6 +76,8 @@ def test_a_lost_worker_fails_all_its_envs_until_they_are_reset():
         after = env.step([np.zeros(2)] * 4)
         assert [r.steps for r in after[:2]] == [1, 1]  # the other worker's envs go on
         assert all("restarted since its last reset" in r.failure for r in after[2:])
+        (asked,) = env.call("published_init_states", envs=[3])  # needs no episode: reaches the env (which has none)
+        assert "has no attribute 'published_init_states'" in asked.reason
         assert [o.proprio[0] for o in env.reset([None, None, 0, 0])[2:]] == [0, 0]
         assert [r.steps for r in env.step([None, None, np.zeros(2), np.zeros(2)])[2:]] == [1, 1]
 
@@ -106,6 +108,8 @@ def test_env_pool_puts_envs_per_worker_on_local_workers_only():
         assert len(pool.pids()) == 2 and pool.num_envs == 3
         assert [o.proprio[0] for o in pool.reset([0, 0, 0])] == [0, 0, 0]
         assert [r.steps for r in pool.step([np.zeros(2)] * 3)] == [1, 1, 1]
+        pool.step([None, np.zeros(2), None])  # only env 1, the second slot of the first worker
+        assert [r.observation.proprio[0] for r in pool.step([np.zeros(2)] * 3)] == [2, 3, 2]
     with pytest.raises(ValueError, match="envs_per_worker=2 needs the 'local' backend"):
         env_pool([SleepyEnv], "ray", envs_per_worker=2)
     with pytest.raises(ValueError, match="envs_per_worker must be >= 1, got 0"):
