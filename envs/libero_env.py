@@ -306,13 +306,14 @@ class LiberoEnv(RobotEnv):
         return compiled_apart(self.task_id, self._keep_xml) if self.compile_apart else nullcontext()
 
     def _rendering(self):
-        """Envs of one scene compiled apart share its GL upload (`envs.render_context`); with hard
-        resets every episode recompiles and gets a private context."""
-        if not (self.compile_apart and self.soft_reset):
-            return nullcontext()
-        from envs.render_context import render_context_factory, scene_digest, shared_rendering
+        """The render contexts robosuite makes for this env's sims (at build, and at every hard reset):
+        envs of one scene compiled apart share its GL upload; otherwise each gets a private context
+        (`envs.render_context`)."""
+        from envs.render_context import render_context_factory, rendering_through, scene_digest
 
-        return shared_rendering(render_context_factory(lambda: scene_digest(self._model_xml), self.resolution))
+        shared = self.compile_apart and self.soft_reset
+        return rendering_through(render_context_factory(
+            (lambda: scene_digest(self._model_xml)) if shared else None, self.resolution))
 
     def _keep_xml(self, xml: str) -> None:
         self._model_xml = xml
@@ -366,11 +367,18 @@ class LiberoEnv(RobotEnv):
     def _seeded_reset(self, seed: int) -> None:
         """LIBERO's reset, its placement draws taken from numpy's global RNG seeded with `seed`
         (the caller's global RNG is left as it was)."""
+        if not self.soft_reset:
+            # LIBERO's model loading appends the scene's open/close and on/off samplers to a list it
+            # never clears: the k-th hard reset would draw from k + 1 of each and place the fixtures
+            # elsewhere. Cleared, a hard reset draws exactly what a soft reset does.
+            self._env.env.object_property_initializers.clear()
         global_rng = np.random.get_state()
         np.random.seed(seed)
         try:
-            with self._compiling(), self._gl_current():  # a hard reset recompiles, and frees the old GL context
+            with self._compiling(), self._rendering(), self._gl_current():  # a hard reset makes a new sim
                 self._env.reset()
+            if not self.soft_reset:  # robosuite gave the new sim's cameras their own sensors again
+                self._make_camera_sensors_lazy()
         finally:
             np.random.set_state(global_rng)
 

@@ -1,4 +1,4 @@
-"""The envs of one LIBERO scene in one process render through one OpenGL context.
+"""How LIBERO envs render: every robosuite sim gets its offscreen render context from here.
 
 A LIBERO scene's textures take ~555 MB once uploaded to its GL context (17 textures up to 4096²,
 six faces for cube maps, RGBA with mipmaps), its meshes and 4096² shadow map ~190 MB more, and
@@ -7,12 +7,21 @@ sim a context of its own. Here envs of the same compiled scene share one context
 each keeping its own MjvScene, camera and options, so its frames are those a private context
 renders; and the model's texture pixels, never read again, are given back to the OS.
 
+Envs that cannot share (hard resets, frames larger than the model's offscreen buffer) get a
+private context, as in robosuite, but one that frees its GL objects in its own context: robosuite
+frees them in whichever context is current when Python collects the old sim, which after a hard
+reset is the new sim's, whose textures and framebuffers are then gone (frames of noise).
+
+Every context here is freed before EGL is terminated at interpreter exit (robosuite's own print
+"Exception ignored ... EGLError" when Python collects them afterwards).
+
 Written against robosuite's `MjRenderContext` (the object its sims and sensors render through),
-which has no way to share a context between sims.
+which has no way to share a context between sims nor to free one in the right GL context.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import mmap
@@ -26,7 +35,95 @@ import numpy as np
 from robosuite.utils.binding_utils import GLContext, MjRenderContext, MjRenderContextOffscreen
 
 
-class SceneUpload:
+def _egl():
+    """robosuite's EGL module when it renders through EGL, else None (OSMesa, GLFW)."""
+    from robosuite.utils import binding_utils
+
+    if binding_utils._MUJOCO_GL != "egl":
+        return None
+    from robosuite.renderers.context import egl_context
+
+    return egl_context if egl_context.EGL_DISPLAY is not None else None
+
+
+def _make_current(context) -> None:
+    """Make an EGL context (None: no context) current in this thread."""
+    egl = _egl()
+    if egl is not None:
+        EGL = egl.EGL
+        EGL.eglMakeCurrent(egl.EGL_DISPLAY, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE,
+                           EGL.EGL_NO_CONTEXT if context is None else context)
+
+
+def release_current() -> None:
+    """Leave no GL context current in this thread. An EGL context can be current in one thread at a
+    time, so an env that renders with its context current and then releases it can be rendered
+    next from any thread (e.g. the rollout engine's simulator thread). Other renderers: nothing."""
+    _make_current(None)
+
+
+def _free_gl(gl_ctx: GLContext, con: mujoco.MjrContext) -> None:
+    """Free an MjrContext's GL objects in their own GL context, then that context, and leave the
+    context that was current in this thread (if another) current again: Python may collect a render
+    context in the middle of another's work, e.g. a hard reset building the next sim's."""
+    egl = _egl()
+    previous = egl.EGL.eglGetCurrentContext() if egl is not None else None
+    own = getattr(gl_ctx, "_context", None)
+    gl_ctx.make_current()
+    con.free()
+    gl_ctx.free()  # leaves no context current in this thread (robosuite's eglReleaseThread)
+    if previous and not (own and previous.address == own.address):
+        _make_current(previous)
+
+
+_live: weakref.WeakSet = weakref.WeakSet()  # GL owners to free before EGL is terminated at exit
+_exit_hook_registered = False
+
+
+def _track(owner) -> None:
+    """Free `owner` at exit if it is still alive then. robosuite registers EGL's termination with
+    `atexit` when the process's first GL context is made; a hook registered after it runs before it."""
+    global _exit_hook_registered
+    _live.add(owner)
+    if not _exit_hook_registered:
+        atexit.register(_free_all)
+        _exit_hook_registered = True
+
+
+def _free_all() -> None:
+    for owner in list(_live):
+        try:
+            owner.free()
+        except Exception:  # the display was terminated first (another library's exit hook): the OS frees all
+            _forget(owner.gl_ctx)
+
+
+def _forget(gl_ctx: GLContext) -> None:
+    """Drop a GL context without freeing it, so that its own `__del__` does nothing."""
+    if hasattr(gl_ctx, "_context"):
+        gl_ctx._context = None
+
+
+class _OwnsGL:
+    """A GL context and MjrContext freed once, in order (`_free_gl`), by `free()`, collection or exit."""
+
+    gl_ctx: GLContext
+    con: mujoco.MjrContext | None = None
+
+    def free(self) -> None:
+        con, self.con = self.con, None
+        if con is None:
+            return
+        if sys.is_finalizing():  # EGL may be terminated already; the OS frees all
+            _forget(self.gl_ctx)
+        else:
+            _free_gl(self.gl_ctx, con)
+
+    def __del__(self):
+        self.free()
+
+
+class SceneUpload(_OwnsGL):
     """A GL context holding one scene's uploaded textures, meshes and offscreen buffers (MuJoCo's
     MjrContext); freed when the last render context using it is gone."""
 
@@ -36,13 +133,7 @@ class SceneUpload:
         self.gl_ctx.make_current()
         self.con = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.con)
-
-    def __del__(self):
-        if getattr(self, "con", None) is None or sys.is_finalizing():
-            return  # failed to build; or the interpreter is exiting, EGL maybe terminated (the OS frees all)
-        self.gl_ctx.make_current()  # MjrContext.free deletes GL objects of whichever context is current
-        self.con.free()
-        self.gl_ctx.free()
+        _track(self)
 
 
 _uploads: weakref.WeakValueDictionary[tuple[str, int], SceneUpload] = weakref.WeakValueDictionary()
@@ -92,30 +183,25 @@ class SharedRenderContext(MjRenderContext):
         pass  # the upload is freed with its last user; robosuite's __del__ would free it for all
 
 
-def release_current() -> None:
-    """Leave no GL context current in this thread. An EGL context can be current in one thread at a
-    time, so an env that renders with its context current and then releases it can be rendered
-    next from any thread (e.g. the rollout engine's simulator thread). Other renderers: nothing."""
-    from robosuite.utils import binding_utils
+class PrivateRenderContext(_OwnsGL, MjRenderContextOffscreen):
+    """robosuite's offscreen render context for one sim, with a GL context of its own, freed in that
+    context (robosuite's own frees its GL objects in whichever context is current)."""
 
-    if binding_utils._MUJOCO_GL != "egl":
-        return
-    from robosuite.renderers.context import egl_context
-
-    if egl_context.EGL_DISPLAY is not None:
-        EGL = egl_context.EGL
-        EGL.eglMakeCurrent(egl_context.EGL_DISPLAY, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE, EGL.EGL_NO_CONTEXT)
+    def __init__(self, sim, device_id: int = -1, **options):
+        MjRenderContextOffscreen.__init__(self, sim, device_id=device_id, **options)
+        _track(self)
 
 
-def render_context_factory(scene: Callable[[], str], resolution: int):
+def render_context_factory(scene: Callable[[], str] | None, resolution: int):
     """What robosuite calls to make a sim's offscreen render context: a `SharedRenderContext` for the
-    scene `scene()` names (a digest of its compiled XML), or robosuite's own when the frames are
-    larger than the model's offscreen buffer, which only a private context can grow."""
+    scene `scene()` names (a digest of its compiled XML); a `PrivateRenderContext` without a scene
+    or when the frames are larger than the model's offscreen buffer, which only a private context
+    can grow."""
 
     def make(sim, device_id: int = -1, **options):
         visual = sim.model._model.vis.global_
-        if resolution > min(visual.offwidth, visual.offheight) or options:
-            return MjRenderContextOffscreen(sim, device_id=device_id, **options)
+        if scene is None or resolution > min(visual.offwidth, visual.offheight) or options:
+            return PrivateRenderContext(sim, device_id=device_id, **options)
         return SharedRenderContext(sim, device_id, scene())
 
     return make
@@ -126,9 +212,10 @@ def scene_digest(xml: str) -> str:
 
 
 @contextmanager
-def shared_rendering(make_context):
-    """While robosuite builds an env, its sims get their render context from `make_context`
-    (robosuite has no hook for it, so the name its base env calls is replaced for the duration)."""
+def rendering_through(make_context):
+    """While robosuite builds an env or hard-resets it (a new sim), its sims get their render context
+    from `make_context` (robosuite has no hook for it, so the name its base env calls is replaced for
+    the duration)."""
     import robosuite.environments.base as base
 
     private = base.MjRenderContextOffscreen
