@@ -17,12 +17,13 @@ export PYOPENGL_PLATFORM ?= egl
 setup: $(STAMP)
 	$(VENV)/bin/minivla-wmrl assets
 
-$(STAMP): pyproject.toml Makefile
+# constraints.txt: the exact versions the README's figures were measured with
+$(STAMP): pyproject.toml Makefile constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q --no-deps libero==0.1.1
-	$(PY) -m pip install -q -e ".[dev,lerobot]"
+	$(PY) -m pip install -q --no-deps -c constraints.txt libero==0.1.1
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,lerobot]"
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -14,8 +14,12 @@ same seeds (common random numbers) instead. The output says which.
 Outputs under `OUT/ablation/`: one directory per cell (`<arm>/seed<s>/`: the GRPO run,
 `eval/step_N/` per evaluated checkpoint, `cell.json` when done: a re-run skips it, after
 checking that it ran the GRPO settings the recipe asks for now),
-`eval/sft/`, and `ablation.json`, `ablation.md` and `ablation.png` (held-out success against
-cumulative real-simulator steps).
+`eval/sft/`, and `ablation.json` (the report and its evidence: every seed's episodes, real
+steps and training metrics, and the software versions), `ablation.md` and `ablation.png`
+(held-out success against cumulative real-simulator steps). `ablate --from-json ablation.json`
+recomputes the report from the evidence alone, so a committed JSON reproduces its tables.
+
+Statistics treat the training seed as the unit (`statistics.seed_level_difference`).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from minivla_wmrl.atomic import atomic_file
 from minivla_wmrl.checkpoint import read_json, recipe_differences
 from minivla_wmrl.config import apply_overrides, config_from_dict, load_recipe
 from minivla_wmrl.plots import plot_ablation
-from minivla_wmrl.statistics import mean_interval, mcnemar_exact, paired_difference, rate
+from minivla_wmrl.statistics import SEED_LEVEL_UNIT, mean_interval, rate, seed_level_difference
+from minivla_wmrl.versions import run_versions
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
 CELL_MAY_DIFFER = ("out", "resume", "env.backend", "env.ray_address", "env.envs_per_worker",
@@ -178,97 +183,134 @@ def run_ablation(recipe, parallel: int = 1) -> dict:
         with ProcessPoolExecutor(parallel, mp_context=get_context("spawn")) as pool:
             for future in [pool.submit(run_cell, data, i, s) for i, s in todo]:
                 future.result()
-    report = summarize_ablation(recipe, sft_eval)
+    evidence = collect_evidence(recipe, sft_eval)
+    report = summarize_ablation(evidence)
     report["wall_s_this_invocation"] = time.perf_counter() - start
+    write_report(report, out)
+    return report
+
+
+def write_report(report: dict, out: Path) -> None:
+    """`ablation.json` (the report, with every seed's episodes), `ablation.md` and `ablation.png`."""
+    out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / "ablation.json") as tmp:
         tmp.write_text(json.dumps(report, indent=2))
     with atomic_file(out / "ablation.md") as tmp:
         tmp.write_text(ablation_table(report))
     plot_ablation(report, out / "ablation.png")
     print(ablation_table(report))
-    return report
 
 
 def _read_cell(directory: Path) -> dict:
-    """A finished cell, its success figures read from the evaluations on disk (the episodes the
-    paired comparisons use), not from the copy in cell.json."""
+    """A finished cell, each evaluation's success and episodes read from the evaluation on disk (the
+    episodes the paired comparisons use), not from the copy in cell.json."""
+    from minivla_wmrl.compare import load_evaluation
+
     cell = json.loads((directory / "cell.json").read_text())
     for evaluation in cell["evaluations"]:  # where the cell directory is now, whatever the working directory
-        evaluation["eval_dir"] = str(directory / "eval" / Path(evaluation["eval_dir"]).name)
-        evaluation["success"] = json.loads((Path(evaluation["eval_dir"]) / "eval_info.json").read_text())["overall"]
+        eval_dir = directory / "eval" / Path(evaluation.pop("eval_dir")).name
+        evaluation["success"] = json.loads((eval_dir / "eval_info.json").read_text())["overall"]
+        evaluation["settings"], results = load_evaluation(eval_dir)
+        evaluation["episodes"] = _episode_rows(results)
     return cell
 
 
-def _successes(eval_dir: Path, seed_index: int) -> dict:
-    """Success by ((task, trial), (seed index, sample)): the bootstrap unit is the init state."""
-    from minivla_wmrl.compare import load_evaluation
-
-    _, results = load_evaluation(eval_dir)
-    return {((task, trial), (seed_index, sample)): v for (task, trial, sample), v in results.items()}
+def _episode_rows(results: dict) -> list[list]:
+    """Success by (task, trial, sample) as JSON rows `[task, trial, sample, 0|1]`."""
+    return [[task, trial, sample, int(success)] for (task, trial, sample), success in sorted(results.items())]
 
 
-def summarize_ablation(recipe, sft_eval: Path) -> dict:
-    """Per arm: held-out success per seed and over seeds, paired differences to SFT and to the first
-    arm (pooled over seeds, paired on init state and sample), agreement with SFT, real-simulator use."""
+def _by_state(rows: list[list]) -> dict:
+    """Success by ((task, trial), sample): the init state is the unit resampled."""
+    return {((task, trial), sample): bool(success) for task, trial, sample, success in rows}
+
+
+def collect_evidence(recipe, sft_eval: Path) -> dict:
+    """Everything the report is computed from, as JSON: the SFT evaluation's episodes and, per arm
+    and seed, each evaluated checkpoint's episodes, real-simulator use and training metrics."""
     from minivla_wmrl.compare import check_comparable, load_evaluation
 
     ablation = recipe.ablation
-    sft_settings, _ = load_evaluation(sft_eval)
-    most_seeds = max(len(arm_seeds(ablation, arm)) for arm in ablation.arms)
-    sft = {s_index: _successes(sft_eval, s_index) for s_index in range(most_seeds)}
-    arms, finals = [], {}
-    for i, arm in enumerate(ablation.arms):
+    sft_settings, sft_results = load_evaluation(sft_eval)
+    arms = []
+    for arm in ablation.arms:
         cells = [_read_cell(cell_dir(recipe, arm.name, s)) for s in arm_seeds(ablation, arm)]
-        sft_pooled = {k: v for s_index in range(len(cells)) for k, v in sft[s_index].items()}
-        final = {}
-        for s_index, cell in enumerate(cells):
-            last = Path(cell["evaluations"][-1]["eval_dir"])
-            check_comparable(sft_settings, load_evaluation(last)[0], str(sft_eval), str(last))
-            final.update(_successes(last, s_index))
-        finals[arm.name] = final
+        for cell in cells:
+            for evaluation in cell["evaluations"]:
+                check_comparable(sft_settings, evaluation.pop("settings"), str(sft_eval),
+                                 f"{arm.name} seed {cell['seed']} step {evaluation['step']}")
+        arms.append({"arm": arm.name, "overrides": arm.overrides, "cells": cells})
+    return {"eval_settings": sft_settings,
+            "sft": {"overall": json.loads((sft_eval / "eval_info.json").read_text())["overall"],
+                    "episodes": _episode_rows(sft_results)},
+            "arms": arms, "first_arm": ablation.arms[0].name,
+            "seeding": "paired: every arm uses the same GRPO seeds" if ablation.paired_seeds else
+                       f"independent: arm i uses GRPO seed s + {SEED_STRIDE} × i",
+            "grpo": {k: v for k, v in asdict(recipe.grpo.grpo).items() if k != "seed"},
+            "versions": run_versions()}
+
+
+def summarize_ablation(evidence: dict) -> dict:
+    """Per arm, from the evidence alone (so anyone can recompute it from the JSON): held-out success
+    per seed and over seeds, seed-level paired differences to SFT and to the first arm (the training
+    seed as the unit; McNemar per seed only), agreement with SFT, real-simulator use and the
+    real steps to reach the first arm's final success, with an interval over seeds."""
+    sft = _by_state(evidence["sft"]["episodes"])
+    finals: dict[str, list[dict]] = {}
+    arms = []
+    for entry in evidence["arms"]:
+        cells = entry["cells"]
+        final = [_by_state(c["evaluations"][-1]["episodes"]) for c in cells]
+        finals[entry["arm"]] = final
         per_seed = [c["evaluations"][-1]["success"]["success_rate"] for c in cells]
-        vs_sft_per_seed = []
-        for s_index, cell in enumerate(cells):
-            mine = {k: v for k, v in final.items() if k[1][0] == s_index}
-            gained = sum(1 for k in mine if mine[k] and not sft[s_index][k])
-            lost = sum(1 for k in mine if sft[s_index][k] and not mine[k])
-            vs_sft_per_seed.append({"seed": cell["seed"], "gained": gained, "lost": lost,
-                                    "p_mcnemar": mcnemar_exact(gained, lost)})
-        aurocs = [c["calibration_auroc"] for c in cells
-                  if c.get("calibration_auroc") is not None and np.isfinite(c["calibration_auroc"])]
+        unit_rate = (0.0, 1.0)
         arms.append({
-            "arm": arm.name, "overrides": arm.overrides, "seeds": [c["seed"] for c in cells],
+            "arm": entry["arm"], "overrides": entry["overrides"], "seeds": [c["seed"] for c in cells],
             "grpo_seeds": [c["grpo_seed"] for c in cells],
-            "held_out_per_seed": per_seed, "held_out": mean_interval(per_seed),
-            "held_out_pooled": rate(sum(final.values()), len(final)),
-            "vs_sft": paired_difference(sft_pooled, final), "vs_sft_per_seed": vs_sft_per_seed,
-            "identical_to_sft": sum(final[k] == sft_pooled[k] for k in final), "episodes": len(final),
-            "train_success_first": mean_interval([c["train_success_first"] for c in cells]),
-            "train_success_last3": mean_interval([c["train_success_mean_last3"] for c in cells]),
+            "held_out_per_seed": per_seed, "held_out": mean_interval(per_seed, bounds=unit_rate),
+            "held_out_pooled": rate(sum(sum(f.values()) for f in final), sum(len(f) for f in final)),
+            "vs_sft": seed_level_difference([sft] * len(final), final),
+            "identical_to_sft": sum(f[k] == sft[k] for f in final for k in f),
+            "episodes": sum(len(f) for f in final),
+            "train_success_first": mean_interval([c["train_success_first"] for c in cells], bounds=unit_rate),
+            "train_success_last3": mean_interval([c["train_success_mean_last3"] for c in cells], bounds=unit_rate),
             "grpo_steps": [c["grpo_steps"] for c in cells],
             "real_steps": mean_interval([c["real_steps"] for c in cells]),
             "real_episodes": mean_interval([c["real_episodes"] for c in cells]),
             "real_steps_per_grpo_step": float(np.mean([c["real_steps"] / c["grpo_steps"] for c in cells])),
             "real_steps_horizon_share": float(np.mean([c.get("real_steps_horizon", 0) / c["real_steps"]
                                                        for c in cells])),
-            "calibration_auroc": mean_interval(aurocs) if aurocs else None,
+            "calibration_auroc": _auroc_over_seeds(cells),
             "wall_s": mean_interval([c["wall_s"] for c in cells]),
-            "curve": _curve(cells),
+            "curve": _curve(cells), "seed_curves": [_seed_curve(c) for c in cells],
         })
-    first = ablation.arms[0].name
-    sft_info = json.loads((sft_eval / "eval_info.json").read_text())
+    first = evidence["first_arm"]
+    sft_success = evidence["sft"]["overall"]["success_rate"]
     target = arms[0]["curve"][-1]["success"]["mean"]  # the first arm's final held-out success
-    first_needs = steps_to_reach(arms[0]["curve"], sft_info["overall"]["success_rate"], target)
+    first_needs, _ = steps_to_reach(arms[0]["curve"], sft_success, target)
     for entry in arms:
-        entry["steps_to_first_arm_final"] = needs = steps_to_reach(entry["curve"], sft_info["overall"]["success_rate"],
-                                                                   target)
+        needs, interpolated = steps_to_reach(entry["curve"], sft_success, target)
+        entry["steps_to_first_arm_final"], entry["steps_interpolated"] = needs, interpolated
         entry["real_step_ratio"] = first_needs / needs if needs and first_needs is not None else None
+        entry["real_step_ratio_interval"] = real_step_ratio_interval(arms[0]["seed_curves"], entry["seed_curves"],
+                                                                     sft_success)
     for entry in arms[1:]:  # on the seed indices both arms ran
-        entry["vs_first_arm"] = paired_difference(finals[first], finals[entry["arm"]])
-    return {"sft": sft_info["overall"], "eval_settings": sft_settings, "arms": arms, "first_arm": first,
-            "seeding": "paired: every arm uses the same GRPO seeds" if ablation.paired_seeds else
-                       f"independent: arm i uses GRPO seed s + {SEED_STRIDE} × i",
-            "grpo": {k: v for k, v in asdict(recipe.grpo.grpo).items() if k != "seed"}}
+        shared = min(len(finals[first]), len(finals[entry["arm"]]))
+        entry["vs_first_arm"] = seed_level_difference(finals[first][:shared], finals[entry["arm"]][:shared])
+    return {"sft": evidence["sft"]["overall"], "eval_settings": evidence["eval_settings"], "arms": arms,
+            "first_arm": first, "seeding": evidence["seeding"], "grpo": evidence["grpo"],
+            "versions": evidence.get("versions"), "statistics_unit": SEED_LEVEL_UNIT, "evidence": evidence}
+
+
+def _auroc_over_seeds(cells: list[dict]) -> dict | None:
+    aurocs = [c["calibration_auroc"] for c in cells
+              if c.get("calibration_auroc") is not None and np.isfinite(c["calibration_auroc"])]
+    return mean_interval(aurocs) if aurocs else None
+
+
+def _seed_curve(cell: dict) -> list[tuple[float, float]]:
+    """(cumulative real steps, held-out success) of one seed's evaluated checkpoints."""
+    return [(e["real_steps"], e["success"]["success_rate"]) for e in cell["evaluations"]]
 
 
 def _curve(cells: list[dict]) -> list[dict]:
@@ -279,88 +321,159 @@ def _curve(cells: list[dict]) -> list[dict]:
         points = [e for c in cells for e in c["evaluations"] if e["step"] == step]
         curve.append({"step": step, "seeds": len(points),
                       "real_steps": float(np.mean([p["real_steps"] for p in points])),
-                      "success": mean_interval([p["success"]["success_rate"] for p in points])})
+                      "success": mean_interval([p["success"]["success_rate"] for p in points], bounds=(0.0, 1.0))})
     return curve
 
 
-def steps_to_reach(curve: list[dict], sft_success: float, target: float) -> float | None:
+def steps_to_reach(curve: list[dict], sft_success: float, target: float) -> tuple[float | None, bool]:
     """Cumulative real-simulator steps at which the mean held-out success curve (starting from the
     SFT checkpoint at 0 steps) first reaches `target`, interpolated linearly between evaluated
-    checkpoints; None if it never does."""
+    checkpoints (SFT included); None if it never does. Also whether that was interpolated (the
+    target reached between two evaluated points, not at one)."""
     points = [(0.0, sft_success)] + [(p["real_steps"], p["success"]["mean"]) for p in curve]
     if sft_success >= target:
-        return 0.0
+        return 0.0, False
     for (x0, y0), (x1, y1) in zip(points, points[1:]):
         if y1 >= target:  # y0 < target <= y1
-            return x0 + (x1 - x0) * (target - y0) / (y1 - y0)
-    return None
+            return x0 + (x1 - x0) * (target - y0) / (y1 - y0), y1 > target
+    return None, False
+
+
+def real_step_ratio_interval(first: list[list], arm: list[list], sft_success: float, resamples: int = 2000,
+                             seed: int = 0) -> dict | None:
+    """Percentile interval of the real-step ratio with seeds resampled (each arm's independently):
+    the first arm's steps to reach its own final mean success over this arm's steps to reach it.
+    Also the share of resamples in which the arm reached it at all. None with one seed in either."""
+    if len(first) < 2 or len(arm) < 2 or any(len(c) != len(first[0]) for c in first) \
+            or any(len(c) != len(arm[0]) for c in arm):
+        return None
+    rng = np.random.default_rng(seed)
+    first, arm = np.asarray(first, float), np.asarray(arm, float)  # (seeds, points, [real steps, success])
+    ratios, reached = [], 0
+    for _ in range(resamples):
+        mean_first = first[rng.integers(len(first), size=len(first))].mean(axis=0)
+        mean_arm = arm[rng.integers(len(arm), size=len(arm))].mean(axis=0)
+        target = mean_first[-1, 1]
+        curve = [{"real_steps": x, "success": {"mean": y}} for x, y in mean_first]
+        first_needs, _ = steps_to_reach(curve, sft_success, target)
+        needs, _ = steps_to_reach([{"real_steps": x, "success": {"mean": y}} for x, y in mean_arm], sft_success,
+                                  target)
+        if needs is not None:
+            reached += 1
+            if needs > 0:
+                ratios.append(first_needs / needs)
+    if not ratios:
+        return {"ci95": None, "reached_share": reached / resamples}
+    return {"ci95": [float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))],
+            "reached_share": reached / resamples}
 
 
 def _pct(interval) -> str:
     return "n/a" if interval is None else f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
 
 
+def _seed_level(d: dict) -> str:
+    """A seed-level difference: points, interval, p (t over seeds) and the sign-flip p; one seed: n/a."""
+    if d["ci95"] is None:
+        return f"{100 * d['difference']:+.1f} n/a (1 seed)"
+    return (f"{100 * d['difference']:+.1f} {_pct(d['ci95'])}, p={d['p']:.2g}, "
+            f"sign-flip p={d['p_sign_flip']:.2g}")
+
+
+def _per_seed_mcnemar(d: dict) -> str:
+    return "; ".join(f"+{s['gained']}/−{s['lost']} p={s['p_mcnemar']:.2g}" for s in d["per_seed"])
+
+
 def ablation_table(report: dict) -> str:
     s, sft = report["eval_settings"], report["sft"]
+    first_arm = report["first_arm"]
     lines = [f"# Ablation: held-out success ({s['suite']} tasks {s['tasks']}, init states {s['first_trial']}.."
              f"{s['first_trial'] + s['trials'] - 1}, {s['samples_per_state']} sample(s) each, {s['sampling']}, "
              f"cap {s['max_steps']})", "",
              f"SFT: {sft['successes']}/{sft['trials']} = {100 * sft['success_rate']:.1f}% "
              f"{_pct(sft['ci95'])} (Wilson). "
              f"Seeds: {report['seeding']}.", "",
-             "| arm | held-out success, mean over seeds [95% t] | per seed | vs SFT, paired [95% CI] | "
-             f"vs {report['first_arm']}, paired [95% CI] | same as SFT | training success first → last 3 | "
+             "| arm | held-out success, mean over seeds [95% t] | per seed | vs SFT, seed-level [95% CI] | "
+             f"vs {first_arm}, seed-level [95% CI] | same as SFT | training success first → last 3 | "
              "real episodes | real steps | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for arm in report["arms"]:
-        d = arm["vs_sft"]
         first = arm.get("vs_first_arm")
-        vs_first = "-" if first is None else (f"{100 * first['difference']:+.1f} {_pct(first['ci95'])}, "
-                                              f"p={first['p_mcnemar']:.3g}")
         lines.append(
             f"| {arm['arm']} | {100 * arm['held_out']['mean']:.1f}% {_pct(arm['held_out']['ci95'])} | "
             + ", ".join(f"{100 * x:.0f}%" for x in arm["held_out_per_seed"])
-            + f" | {100 * d['difference']:+.1f} {_pct(d['ci95'])}, +{d['gained']}/−{d['lost']}, "
-            f"p={d['p_mcnemar']:.3g} | "
-            f"{vs_first} | {arm['identical_to_sft']}/{arm['episodes']} | "
+            + f" | {_seed_level(arm['vs_sft'])} | {'-' if first is None else _seed_level(first)} | "
+            f"{arm['identical_to_sft']}/{arm['episodes']} | "
             f"{100 * arm['train_success_first']['mean']:.0f}% → {100 * arm['train_success_last3']['mean']:.0f}% | "
             f"{arm['real_episodes']['mean']:.0f} | {arm['real_steps']['mean']:.0f} | {arm['wall_s']['mean']:.0f} |")
-    lines += ["", "Paired differences pool the seeds: each seed's checkpoint against the SFT checkpoint (or the first "
-              "arm's checkpoint of the same seed index) on the same init state and sampling seed; the interval is a "
-              "bootstrap over init states, p the exact McNemar test of the discordant episodes.", "",
-              f"Real-simulator cost, measured: steps the envs executed. Ratio: real steps {report['first_arm']} "
-              "needs to "
+    lines += ["", "Seed-level differences treat the training seed as the unit: each seed's final checkpoint against "
+              f"the SFT checkpoint (or the {first_arm} checkpoint of the same seed index) on the same init states and "
+              f"sampling seeds; random in the interval: {report['statistics_unit']}. p: Student's t with the same "
+              "standard error; sign-flip p: exact, over the per-seed differences (with n seeds it cannot go below "
+              "2/2^n). Success intervals are clipped to [0, 100].", "",
+              "Per seed, its checkpoint against SFT (exact McNemar on the discordant episodes: valid for one "
+              "checkpoint against one):", ""]
+    lines += [f"- {arm['arm']}: {_per_seed_mcnemar(arm['vs_sft'])}" for arm in report["arms"]]
+    lines += ["", f"Real-simulator cost, measured: steps the envs executed. Ratio: real steps {first_arm} needs to "
               f"reach its final held-out success over the steps the arm needs to reach it (mean curves, linear between "
-              "evaluated checkpoints; > 1: cheaper).", "",
-              f"| arm | real steps per GRPO step (× fewer than {report['first_arm']}) | share cut at the horizon | "
+              "evaluated checkpoints, SFT at 0 steps; > 1: cheaper); its interval resamples each arm's seeds "
+              "(percentile), with the share of resamples in which the arm reached the target.", "",
+              f"| arm | real steps per GRPO step (× fewer than {first_arm}) | share cut at the horizon | "
               "world-model AUROC on calibration pairs | "
-              f"real steps to reach {report['first_arm']}'s final success | ratio |",
+              f"real steps to reach {first_arm}'s final success | ratio [95% over seeds] |",
               "|---|---|---|---|---|---|"]
     per_step_first = report["arms"][0]["real_steps_per_grpo_step"]
     starred = False
     for arm in report["arms"]:
-        needs, ratio = arm["steps_to_first_arm_final"], arm["real_step_ratio"]
-        single = len(arm["curve"]) == 1 and needs is not None and needs < arm["curve"][0]["real_steps"]
-        starred |= single
+        needs, ratio, star = arm["steps_to_first_arm_final"], arm["real_step_ratio"], arm["steps_interpolated"]
+        starred |= star
+        mark = " *" if star else ""
         auroc = arm.get("calibration_auroc")
         auroc_text = "-" if auroc is None else f"{auroc['mean']:.2f}" + (
             "" if auroc["ci95"] is None else f" [{auroc['ci95'][0]:.2f}, {auroc['ci95'][1]:.2f}]")
+        spread = arm.get("real_step_ratio_interval")
+        spread_text = ""
+        if spread is not None and spread["ci95"] is not None:
+            spread_text = (f" [{spread['ci95'][0]:.2f}, {spread['ci95'][1]:.2f}], reached in "
+                           f"{100 * spread['reached_share']:.0f}%")
+        elif spread is not None:
+            spread_text = f", reached in {100 * spread['reached_share']:.0f}%"
         lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} "
                      f"({per_step_first / arm['real_steps_per_grpo_step']:.2f}×) | "
                      f"{100 * arm['real_steps_horizon_share']:.0f}% | "
                      f"{auroc_text} | "
-                     f"{'not reached' if needs is None else f'{needs:.0f}'}{' *' if single else ''} | "
-                     f"{'-' if ratio is None else f'{ratio:.2f}x'}{' *' if single else ''} |")
+                     f"{'not reached' if needs is None else f'{needs:.0f}'}{mark} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}x'}{mark}{spread_text} |")
     if starred:
-        lines += ["", "\\* interpolated on a straight line from SFT to the only evaluated (final) checkpoint: not a "
-                  "measurement of when the success was reached; set `ablation.eval_every` for intermediate "
-                  "checkpoints."]
+        lines += ["", "\\* interpolated on a straight line between the two evaluated points around the crossing (SFT "
+                  "counts as one, at 0 steps): not a measurement of when the success was reached; set "
+                  "`ablation.eval_every` for more evaluated checkpoints."]
     return "\n".join(lines) + "\n"
+
+
+def report_from_json(path: Path) -> dict:
+    """The report recomputed from a written `ablation.json`'s evidence (every seed's episodes)."""
+    data = read_json(Path(path), "the ablation report")
+    if "evidence" not in data:
+        raise ValueError(f"{path} holds no 'evidence' (per-seed episodes); it was written before reports kept "
+                         "them: re-run `minivla-wmrl ablate` on its recipe to rewrite it")
+    return summarize_ablation(data["evidence"])
 
 
 def main(args) -> None:
     from minivla_wmrl.pipeline import PipelineRecipe
 
+    if args.from_json:
+        if args.recipe or args.overrides:
+            raise ValueError("ablate --from-json recomputes a written report; it takes no recipe or overrides")
+        report = report_from_json(Path(args.from_json))
+        if args.out:
+            write_report(report, Path(args.out))
+        else:
+            print(ablation_table(report))
+        return
+    if not args.recipe:
+        raise ValueError("ablate needs a recipe (e.g. recipes/rl_cpu.yaml), or --from-json ablation.json")
     recipe = load_recipe(PipelineRecipe, Path(args.recipe), args.overrides)
     run_ablation(recipe, args.parallel)
     print(f"ablation: {Path(recipe.out) / 'ablation' / 'ablation.md'}")

@@ -124,9 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ablate = commands.add_parser("ablate",
                                  help="GRPO arms x seeds from one SFT checkpoint, evaluated on held-out states")
-    ablate.add_argument("recipe", help="pipeline recipe with an ablation: section, e.g. recipes/rl_cpu.yaml")
+    ablate.add_argument("recipe", nargs="?", help="pipeline recipe with an ablation: section, e.g. recipes/rl_cpu.yaml")
     ablate.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. ablation.seeds=[0,1]")
     ablate.add_argument("--parallel", type=int, default=1, help="(arm, seed) cells run at once (each its own envs)")
+    ablate.add_argument("--from-json", help="recompute the report from a written ablation.json's evidence")
+    ablate.add_argument("--out", help="with --from-json: write ablation.json/.md/.png here instead of printing")
     ablate.set_defaults(run=_main_of("minivla_wmrl.ablation"))
 
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")

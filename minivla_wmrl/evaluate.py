@@ -36,6 +36,7 @@ from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from minivla_wmrl.statistics import rate
+from minivla_wmrl.versions import record_versions
 from minivla_wmrl.video import write_episode_video
 from world_models.pretrained import pretrained_directory
 
@@ -298,6 +299,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                              "resume with the same settings or choose another --out")
     else:
         _write_atomic(settings_path, json.dumps(run_settings, indent=2))
+    record_versions(out)
 
     episodes_path, info_path = out / "episodes.jsonl", out / "eval_info.json"
     records = read_episodes(episodes_path)

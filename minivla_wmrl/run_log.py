@@ -1,4 +1,4 @@
-"""A training run's metrics (`metrics.jsonl` + TensorBoard, optional wandb).
+"""A training run's metrics (`metrics.jsonl` + TensorBoard, optional wandb) and `versions.json`.
 
 On resume from step N, what an interrupted run logged after N is dropped (from metrics.jsonl and,
 with `purge_step`, from TensorBoard), so the resumed log reads as one uninterrupted run; wandb
@@ -13,6 +13,8 @@ import os
 import sys
 import uuid
 from pathlib import Path
+
+from minivla_wmrl.versions import record_versions
 
 
 def _read_records(path: Path) -> list[tuple[str, dict]]:
@@ -50,6 +52,7 @@ class MetricsLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.path, self.prefix = Path(out) / "metrics.jsonl", prefix
+        record_versions(Path(out))  # a resumed run records what it continues with
         kept = [(line, record) for line, record in _read_records(self.path) if record["step"] <= resume_step]
         self.path.write_text("".join(line + "\n" for line, _ in kept))
         self.history = [record for _, record in kept]

@@ -1,8 +1,11 @@
-"""Statistics for success rates: Wilson intervals, paired comparisons, means over seeds, AUROC.
+"""Statistics for success rates: Wilson intervals, paired comparisons, seed-level differences, AUROC.
 
 A success rate without its interval proves nothing either way; a difference between two
 checkpoints is judged on the episodes they share (same task, init state and sampling seed), so
-the init-state noise cancels. scipy supplies the distributions; the pairing is ours.
+the init-state noise cancels. A claim that *training* helped treats the training seed as the
+unit (`seed_level_difference`): checkpoints of several seeds compared with one SFT evaluation are
+not independent experiments, and pooling their episodes (one McNemar test, one bootstrap over
+states) reports intervals far too narrow. scipy supplies the distributions; the pairing is ours.
 """
 
 from __future__ import annotations
@@ -75,14 +78,93 @@ def paired_difference(a: dict, b: dict, confidence: float = CONFIDENCE) -> dict:
             "ci95": [low, high], "gained": gained, "lost": lost, "p_mcnemar": mcnemar_exact(gained, lost)}
 
 
-def mean_interval(values, confidence: float = CONFIDENCE) -> dict:
-    """Mean over seeds with a Student-t interval (None for a single seed)."""
+def mean_interval(values, confidence: float = CONFIDENCE, bounds: tuple[float, float] | None = None) -> dict:
+    """Mean over seeds with a Student-t interval (None for a single seed), clipped to `bounds`
+    (e.g. (0, 1) for success rates)."""
     values = np.asarray(values, float)
     mean = float(values.mean())
     if values.size < 2:
         return {"mean": mean, "ci95": None, "n": int(values.size)}
     half = float(stats.t.ppf((1 + confidence) / 2, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size))
-    return {"mean": mean, "ci95": [mean - half, mean + half], "n": int(values.size)}
+    return {"mean": mean, "ci95": _clip([mean - half, mean + half], bounds), "n": int(values.size)}
+
+
+def _clip(interval: list[float], bounds: tuple[float, float] | None) -> list[float]:
+    return interval if bounds is None else [max(interval[0], bounds[0]), min(interval[1], bounds[1])]
+
+
+def sign_flip_p(values) -> float:
+    """Two-sided exact sign-flip permutation p-value of mean(values) = 0 over all 2^n sign patterns
+    (n ≤ 16): the seed-level test that assumes only symmetry. With 5 seeds it cannot go below 1/16."""
+    values = np.asarray(values, float)
+    if not 0 < values.size <= 16:
+        raise ValueError(f"sign-flip test over {values.size} values; expected 1..16 seeds")
+    signs = 1 - 2 * ((np.arange(2 ** values.size)[:, None] >> np.arange(values.size)) & 1)
+    means = np.abs((signs * values).mean(axis=1))
+    return float(np.mean(means >= abs(values.mean()) - 1e-12))
+
+
+SEED_LEVEL_UNIT = ("training seeds and init states, resampled independently (crossed: every seed's checkpoint "
+                   "is evaluated on the same states); t quantile on seeds - 1 degrees of freedom")
+
+
+def seed_level_difference(a_by_seed: list[dict], b_by_seed: list[dict], confidence: float = CONFIDENCE,
+                          resamples: int = 2000, seed: int = 0) -> dict:
+    """B − A with the training seed as the unit of inference.
+
+    `a_by_seed[s]`, `b_by_seed[s]`: success (0/1) by episode key `(unit, sample)` for seed s's two
+    checkpoints (A may be one SFT evaluation shared by every seed; B the checkpoint seed s trained).
+    The per-seed, per-state differences form a seeds × states table. Its mean's standard error is
+    bootstrapped by resampling seeds and states independently, so it holds both the variation
+    between training seeds and that between states, including the shared SFT evaluation's, which
+    a t interval over per-seed differences would miss. The interval and p use Student's t on
+    seeds − 1 degrees of freedom (a percentile bootstrap over 3-5 seeds is far too narrow), with
+    the SE scaled by √(S/(S−1)) (a bootstrap SE of a mean of S values is √((S−1)/S) too small).
+    Also returned: the exact sign-flip p over per-seed differences, and per seed the exact McNemar
+    test of its one checkpoint against A (the only place McNemar is valid). Differences clipped to
+    [−1, 1]. One seed: no seed-level interval.
+    """
+    if len(a_by_seed) != len(b_by_seed) or not a_by_seed:
+        raise ValueError(f"seed-level difference needs one A and one B evaluation per seed; got {len(a_by_seed)} "
+                         f"and {len(b_by_seed)}")
+    units = None
+    per_seed, table = [], []
+    for a, b in zip(a_by_seed, b_by_seed):
+        keys = sorted(set(a) & set(b))
+        by_unit: dict = {}
+        for key in keys:
+            by_unit.setdefault(key[0], []).append(float(b[key]) - float(a[key]))
+        if units is None:
+            units = sorted(by_unit)
+        if sorted(by_unit) != units or not units:
+            raise ValueError("every seed's evaluations must cover the same init states (units); got "
+                             f"{len(by_unit)} vs {len(units or [])} shared units")
+        table.append([np.mean(by_unit[u]) for u in units])
+        gained = sum(1 for k in keys if b[k] and not a[k])
+        lost = sum(1 for k in keys if a[k] and not b[k])
+        per_seed.append({"difference": float(np.mean(table[-1])), "episodes": len(keys), "gained": gained,
+                         "lost": lost, "p_mcnemar": mcnemar_exact(gained, lost)})
+    table = np.asarray(table)
+    n_seeds, n_units = table.shape
+    difference = float(table.mean())
+    result = {"difference": difference, "seeds": n_seeds, "units": n_units, "per_seed": per_seed,
+              "ci95": None, "se": None, "p": None, "p_sign_flip": None, "unit": SEED_LEVEL_UNIT}
+    if n_seeds < 2:
+        return result
+    rng = np.random.default_rng(seed)
+    seeds = rng.integers(n_seeds, size=(resamples, n_seeds))
+    states = rng.integers(n_units, size=(resamples, n_units))
+    means = table[seeds[:, :, None], states[:, None, :]].mean(axis=(1, 2))
+    se = float(means.std(ddof=1) * math.sqrt(n_seeds / (n_seeds - 1)))
+    if se == 0:
+        interval, p = [difference, difference], (1.0 if difference == 0 else 0.0)
+    else:
+        half = float(stats.t.ppf((1 + confidence) / 2, n_seeds - 1)) * se
+        interval = [difference - half, difference + half]
+        p = float(2 * stats.t.sf(abs(difference) / se, n_seeds - 1))
+    result.update(ci95=_clip(interval, (-1.0, 1.0)), se=se, p=p,
+                  p_sign_flip=sign_flip_p([entry["difference"] for entry in per_seed]))
+    return result
 
 
 def auroc(scores, labels) -> float:

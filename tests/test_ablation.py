@@ -58,7 +58,14 @@ def test_ablation_pairs_arms_on_held_out_states_and_resumes(recipe_path, capsys)
     assert report["seeding"].startswith("independent")
     # lr 0: the policy does not move, so every held-out episode repeats the SFT checkpoint's
     assert lr0["episodes"] == 8 and lr0["identical_to_sft"] == 8 and lr0["vs_sft"]["difference"] == 0
-    assert lr0["vs_first_arm"]["episodes"] == 8 and "vs_first_arm" not in sparse  # on the seed both arms ran
+    assert [seed["episodes"] for seed in lr0["vs_first_arm"]["per_seed"]] == [8]  # on the seed both arms ran
+    assert "vs_first_arm" not in sparse and lr0["vs_first_arm"]["ci95"] is None  # one seed: no seed-level interval
+    # the training seed is the unit: per-seed McNemar, an interval over seeds, and the unit said in the output
+    assert [seed["episodes"] for seed in sparse["vs_sft"]["per_seed"]] == [8, 8]
+    low, high = sparse["vs_sft"]["ci95"]
+    assert -1 <= low <= sparse["vs_sft"]["difference"] <= high <= 1
+    assert "training seeds" in report["statistics_unit"] and "training seeds" in \
+        (out / "ablation" / "ablation.md").read_text()
     for arm in (sparse, lr0):
         assert [p["step"] for p in arm["curve"]] == [1, 2]  # the intermediate checkpoint is evaluated too
         assert arm["curve"][0]["real_steps"] < arm["curve"][1]["real_steps"] == arm["real_steps"]["mean"]
@@ -71,7 +78,17 @@ def test_ablation_pairs_arms_on_held_out_states_and_resumes(recipe_path, capsys)
     table = (out / "ablation" / "ablation.md").read_text()
     assert "| lr0 |" in table and "8/8" in table and "Real-simulator cost" in table
     assert sparse["calibration_auroc"] is None and "| sparse | " in table.split("Real-simulator cost")[1]
-    assert "interpolated on a straight line" not in table  # every arm has an intermediate checkpoint: nothing starred
+    interpolated = any(arm["steps_interpolated"] for arm in (sparse, lr0))
+    assert ("interpolated on a straight line" in table) == interpolated  # every interpolated crossing is flagged
+    # the report carries its evidence (every seed's episodes) and recomputes from it alone
+    evidence = report["evidence"]
+    assert len(evidence["arms"][0]["cells"]) == 2 and len(evidence["sft"]["episodes"]) == 8
+    assert all(len(e["episodes"]) == 8 for e in evidence["arms"][0]["cells"][0]["evaluations"])
+    assert "torch" in evidence["versions"]["packages"] and (out / "ablation" / "sparse" / "seed0" /
+                                                             "versions.json").exists()
+    capsys.readouterr()
+    assert cli(["ablate", "--from-json", str(out / "ablation" / "ablation.json")]) == 0
+    assert capsys.readouterr().out.strip() == table.strip()
     assert (out / "ablation" / "ablation.png").stat().st_size > 0
 
     cells = sorted((out / "ablation").glob("*/seed*/cell.json"))
@@ -105,7 +122,20 @@ def test_steps_to_reach_interpolates_along_the_mean_curve():
     from minivla_wmrl.ablation import steps_to_reach
 
     curve = [{"real_steps": 100.0, "success": {"mean": 0.3}}, {"real_steps": 300.0, "success": {"mean": 0.5}}]
-    assert steps_to_reach(curve, 0.2, 0.4) == pytest.approx(200.0)  # halfway between 0.3 at 100 and 0.5 at 300
-    assert steps_to_reach(curve, 0.2, 0.25) == pytest.approx(50.0)  # between SFT (0 steps) and the first checkpoint
-    assert steps_to_reach(curve, 0.45, 0.4) == 0.0  # SFT already there
-    assert steps_to_reach(curve, 0.2, 0.6) is None
+    assert steps_to_reach(curve, 0.2, 0.4) == (pytest.approx(200.0), True)  # halfway between 0.3 at 100 and 0.5 at 300
+    assert steps_to_reach(curve, 0.2, 0.25) == (pytest.approx(50.0), True)  # between SFT (0 steps) and the first point
+    assert steps_to_reach(curve, 0.2, 0.5) == (pytest.approx(300.0), False)  # reached at an evaluated checkpoint
+    assert steps_to_reach(curve, 0.45, 0.4) == (0.0, False)  # SFT already there
+    assert steps_to_reach(curve, 0.2, 0.6) == (None, False)
+
+
+def test_the_real_step_ratio_interval_resamples_seeds():
+    from minivla_wmrl.ablation import real_step_ratio_interval
+
+    first = [[(100.0, 0.3), (200.0, 0.5)], [(100.0, 0.4), (200.0, 0.5)], [(100.0, 0.2), (200.0, 0.4)]]
+    faster = [[(50.0, 0.5), (100.0, 0.6)]] * 3  # reaches any first-arm target before its first checkpoint
+    result = real_step_ratio_interval(first, faster, sft_success=0.1)
+    assert result["reached_share"] == 1.0 and 1 < result["ci95"][0] <= result["ci95"][1]
+    never = [[(50.0, 0.1), (100.0, 0.1)]] * 3
+    assert real_step_ratio_interval(first, never, sft_success=0.1) == {"ci95": None, "reached_share": 0.0}
+    assert real_step_ratio_interval(first[:1], faster, sft_success=0.1) is None  # one seed: no interval

@@ -116,15 +116,14 @@ def test_fit_failure_fallback_is_explicit_and_recorded():
         OnlineDebiaser(score_range=(1, -1))
 
 
-def test_shuffled_rewards_are_a_permutation_within_each_group():
-    rewards = np.array([1.0, 0, 0, 0, np.nan, 0.2, 0.4, 0.9])
-    groups = np.array([0, 0, 0, 0, 0, 1, 1, 1])
-    shuffled = shuffle_within_groups(rewards, groups, np.random.default_rng(0))
-    assert np.isnan(shuffled[4])  # unlabelled stays unlabelled
-    for g in (0, 1):
-        member = (groups == g) & np.isfinite(rewards)
-        assert sorted(shuffled[member]) == sorted(rewards[member])
-    moved = [not np.array_equal(shuffle_within_groups(rewards, groups, np.random.default_rng(s)), rewards,
-                                equal_nan=True)
-             for s in range(10)]
-    assert any(moved)
+def test_shuffled_rewards_are_a_derangement_within_each_group():
+    rewards = np.array([1.0, 0.1, 0.3, 0.5, np.nan, 0.2, 0.4, 0.9, 0.7])
+    groups = np.array([0, 0, 0, 0, 0, 1, 1, 1, 2])
+    for seed in range(50):
+        shuffled = shuffle_within_groups(rewards, groups, np.random.default_rng(seed))
+        assert np.isnan(shuffled[4]) and shuffled[8] == 0.7  # unlabelled stays unlabelled; a lone member keeps its own
+        for g in (0, 1):
+            member = (groups == g) & np.isfinite(rewards)
+            assert sorted(shuffled[member]) == sorted(rewards[member])
+        labelled = np.isfinite(rewards) & (groups < 2)
+        assert np.all(shuffled[labelled] != rewards[labelled])  # no rollout keeps its own reward

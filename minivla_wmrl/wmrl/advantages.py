@@ -36,11 +36,17 @@ def weight_anchor_advantages(advantages, is_anchor, weight: float) -> np.ndarray
 
 
 def shuffle_within_groups(rewards, groups, rng: np.random.Generator) -> np.ndarray:
-    """The labelled (finite) rewards of each group permuted among its labelled members: the reward
-    control, which keeps every group's reward distribution and destroys which rollout earned what."""
+    """The labelled (finite) rewards of each group deranged among its labelled members (no rollout
+    keeps its own reward; a group with one labelled member keeps it): the reward control, which
+    keeps every group's reward distribution and destroys which rollout earned what."""
     rewards, groups = np.asarray(rewards, float), np.asarray(groups)
     shuffled = rewards.copy()
     for g in np.unique(groups):
         members = np.flatnonzero((groups == g) & np.isfinite(rewards))
-        shuffled[members] = rewards[rng.permutation(members)]
+        if len(members) < 2:
+            continue
+        order = rng.permutation(len(members))
+        while np.any(order == np.arange(len(members))):  # uniform over derangements; ~e draws on average
+            order = rng.permutation(len(members))
+        shuffled[members] = rewards[members[order]]
     return shuffled
