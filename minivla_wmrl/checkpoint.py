@@ -55,6 +55,15 @@ def latest_checkpoint(out: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def selected_checkpoint(out: Path) -> Path | None:
+    """The run's result: the checkpoint `best.json` names (GRPO with validation: the best by
+    validation success, possibly the starting one), else the latest."""
+    best = Path(out) / "best.json"
+    if best.is_file():
+        return Path(read_json(best, "the run's best checkpoint")["checkpoint"])
+    return latest_checkpoint(out)
+
+
 # -- training state: tensors to safetensors, the rest to JSON ---------------------------------------
 # Optimiser states have int keys, RNG states tuples and numpy arrays; safetensors stores only flat
 # tensors and JSON neither tuples nor non-string keys, so the structure is written by hand here.

@@ -70,6 +70,9 @@ def comparison_table(rows: list[dict]) -> str:
                      f"| {100 * r['difference']:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] "
                      f"| {r['gained']} / {r['lost']} "
                      f"| {r['p_mcnemar']:.3g} |")
+    lines += ["", "Two checkpoints, one evaluation each: the interval resamples init states (random: the states, "
+              "their samples kept together); McNemar tests the discordant episodes. Neither says whether *training* "
+              "helps: that takes several training seeds (`minivla-wmrl ablate`, the seed as the unit)."]
     return "\n".join(lines) + "\n"
 
 

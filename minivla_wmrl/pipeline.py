@@ -254,11 +254,12 @@ class Pipeline:
         from minivla_wmrl.compare import compare, comparison_table
         from minivla_wmrl.evaluate import evaluate
         from minivla_wmrl.plots import plot_training_curves
-        from minivla_wmrl.checkpoint import latest_checkpoint
+        from minivla_wmrl.checkpoint import selected_checkpoint
 
         e, infos, directories = self.r.eval, {}, []
         for name in e.checkpoints:
-            checkpoint = self.out / "sft" / "final" if name == "sft" else latest_checkpoint(self.out / name)
+            # GRPO's result: its best checkpoint by validation success when it validated, else its latest
+            checkpoint = self.out / "sft" / "final" if name == "sft" else selected_checkpoint(self.out / name)
             if checkpoint is None or not Path(checkpoint).exists():
                 raise FileNotFoundError(f"no {name} checkpoint under {self.out / name}; run --stage {name} first")
             # one directory per checkpoint: a continued run's newer checkpoint gets its own evaluation

@@ -11,7 +11,7 @@ interval must exclude zero in ≤ 7% of ablations; with a planted effect it must
 import numpy as np
 import pytest
 
-from minivla_wmrl.statistics import paired_difference, seed_level_difference
+from minivla_wmrl.statistics import paired_difference, satterthwaite_df, seed_level_difference
 
 STATES, SAMPLES, ABLATIONS = 25, 2, 300
 
@@ -72,3 +72,11 @@ def test_per_seed_mcnemar_and_the_sign_flip_test():
     assert one["ci95"] is None and one["per_seed"][0]["p_mcnemar"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="same init states"):
         seed_level_difference([sft, sft], [better[0], {((99, 0), 0): True}])
+
+
+def test_degrees_of_freedom_follow_where_the_variation_is():
+    rng = np.random.default_rng(0)
+    seeds_differ = np.repeat(rng.normal(0, 1, (5, 1)), 30, axis=1) + rng.normal(0, 0.01, (5, 30))
+    assert satterthwaite_df(seeds_differ) == pytest.approx(4, abs=0.5)  # seeds − 1
+    states_differ = np.repeat(rng.normal(0, 1, (1, 30)), 5, axis=0) + rng.normal(0, 0.1, (5, 30))
+    assert satterthwaite_df(states_differ) > 25  # shared by every seed (e.g. the one SFT evaluation's): ~states − 1

@@ -14,7 +14,11 @@ One step (the order of the WMRL reference):
 Reward modes: `sparse` (real success for all; the GRPO baseline), `dense_raw` (world-model
 score for all), `dense_calib` (WMRL: calibrated score; anchors per `anchor_reward`),
 `sparse_scarce` (real success for anchors only; the rest are left out of the advantage).
-`shuffle_rewards` permutes the rewards within each group: a control that must not learn.
+`shuffle_rewards` deranges the rewards within each group: a control that must not learn.
+
+With `validation.every` > 0 the policy is checked on validation init states before the first
+step and every `every` steps (`minivla_wmrl.train.validation`): the best checkpoint is kept
+(`best.json`, the run's result) and training stops when it made the policy significantly worse.
 
 Denoising acts only when some rollouts are not anchors (`anchor_fraction < 1`): with every
 rollout an anchor the anchor weight multiplies every advantage alike, a learning-rate multiplier
@@ -40,20 +44,22 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from minivla_wmrl.atomic import atomic_file
 from minivla_wmrl.checkpoint import (global_rng_state, latest_checkpoint, load_weights, restore_global_rng,
-                                     resume_checkpoint, run_lock, save_checkpoint)
+                                     resume_checkpoint, run_lock, save_checkpoint, selected_checkpoint)
 from minivla_wmrl.config import Range, check_config, load_recipe
 from minivla_wmrl.distributed import init_distributed
 from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
                                shard_policy)
 from minivla_wmrl.data.trajectories import LabelledTrajectory, rollout_trajectories
-from minivla_wmrl.init_states import select_rl_init_states, vector_training_init_states
+from minivla_wmrl.init_states import VALIDATION_SEED_BASE, select_rl_init_states, vector_training_init_states
 from minivla_wmrl.policy.checkpoint import write_policy
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.run_log import MetricsLog
 from minivla_wmrl.statistics import auroc
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
+from minivla_wmrl.train.validation import SALT_VALIDATION, ValidationConfig, ValidationTracker, validation_seed
 from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
 from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_residual, group_advantages,
                                shuffle_within_groups, weight_anchor_advantages)
@@ -182,6 +188,7 @@ class GRPORecipe:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     debias: DebiasConfig = field(default_factory=DebiasConfig)
     denoise: DenoiseConfig = field(default_factory=DenoiseConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
 
 
 def validate(recipe: GRPORecipe) -> None:
@@ -326,7 +333,8 @@ class GRPOTrainer:
                   "alike and Adam cancels it; set anchor_fraction < 1 for denoising to act", file=sys.stderr)
         self.weighter = InverseVarianceWeighter(**asdict(recipe.denoise))
         self.step, self.counters = 0, {"real_steps": 0, "real_episodes": 0, "real_labels_used": 0,
-                                       "real_steps_full": 0, "real_steps_horizon": 0, "truncated_episodes": 0}
+                                       "real_steps_full": 0, "real_steps_horizon": 0, "truncated_episodes": 0,
+                                       "validation_episodes": 0, "validation_real_steps": 0}
 
         self.envs = envs if envs is not None else self._make_envs()
         self.owns_envs = envs is None
@@ -336,6 +344,15 @@ class GRPOTrainer:
         self.engine = RolloutEngine(self.policy, self.envs,
                                     RolloutConfig(grpo.execute_steps, grpo.temperature, grpo.seed,
                                                   overlap_groups=grpo.overlap_groups))
+        v = recipe.validation
+        self.validation = ValidationTracker(v) if v.every else None
+        if self.validation is not None:
+            self.validation_pools = {task_id: vector_training_init_states(
+                self.envs, self._env_of(task_id), v.states_per_task, base=VALIDATION_SEED_BASE,
+                avoid=self.init_pools[task_id]) for task_id in self.task_ids}
+            self.validation_engine = RolloutEngine(
+                self.policy, self.envs, RolloutConfig(grpo.execute_steps, v.temperature, SALT_VALIDATION,
+                                                      record_frames=False, overlap_groups=grpo.overlap_groups))
         if resume is not None:
             try:
                 self._load_training_state(*resume)
@@ -351,12 +368,15 @@ class GRPOTrainer:
                                      gym=e.gym) for task in e.tasks for _ in range(e.envs_per_task)],
                         e.backend, e.ray_address, e.envs_per_worker)
 
+    def _env_of(self, task_id: str) -> int:
+        return next(k for k, info in enumerate(self.envs.infos) if info.task_id == task_id)
+
     def _init_state_pools(self) -> dict[str, list]:
         """Per task: generated RL training states (see `minivla_wmrl.init_states`), or protocol
         indices when the recipe lists them and allows it."""
         e, infos, pools = self.recipe.env, self.envs.infos, {}
         for task_id in self.task_ids:
-            i = next(k for k, info in enumerate(infos) if info.task_id == task_id)
+            i = self._env_of(task_id)
             chosen = select_rl_init_states(e.rl_init_states, infos[i].num_init_states, e.allow_eval_states, task_id)
             pools[task_id] = (chosen if chosen is not None
                               else vector_training_init_states(self.envs, i, e.train_init_states))
@@ -674,9 +694,29 @@ class GRPOTrainer:
         }
         return record
 
+    def check_validation(self) -> dict:
+        """Run the validation episodes with the current policy (split across processes under
+        torchrun) and let the tracker decide; their real steps are counted apart from training's."""
+        v, rank, world = self.recipe.validation, self.dist.rank, self.dist.world_size
+        specs = [EpisodeSpec(task_id, pool[s], seed=validation_seed(t, s, k), tag=(task_id, s, k))
+                 for t, (task_id, pool) in enumerate(self.validation_pools.items())
+                 for s in range(len(pool)) for k in range(v.samples_per_state)]
+        self.policy.eval()
+        with full_parameters(self.policy):
+            mine = self.validation_engine.run(specs[rank::world], progress=self.progress,
+                                              desc=f"step {self.step} validation")
+        outcomes = {}
+        for part in self.dist.gather({t.spec.tag: (t.success, t.length) for t in mine}):
+            outcomes.update(part)
+        self.counters["validation_episodes"] += len(outcomes)
+        self.counters["validation_real_steps"] += sum(length for _, length in outcomes.values())
+        check = self.validation.update(self.step, {tag: success for tag, (success, _) in outcomes.items()})
+        return check | {k: self.counters[k] for k in ("validation_episodes", "validation_real_steps")}
+
     def state_dict(self) -> dict:
         """Everything but the weights (the optimiser's full state: a collective when sharded)."""
         return {"step": self.step, "counters": dict(self.counters),
+                "validation": self.validation.state_dict() if self.validation is not None else None,
                 "optimizer": optimizer_state(self.policy, self.optimizer),
                 "debiaser": self.debiaser.state_dict(), "weighter": self.weighter.state_dict(),
                 "wm_trainer": self.wm_trainer.state_dict() if self.wm_trainer else None,
@@ -706,6 +746,8 @@ class GRPOTrainer:
         self.weighter.load_state_dict(state["weighter"])
         if self.wm_trainer is not None and state["wm_trainer"] is not None:
             self.wm_trainer.load_state_dict(state["wm_trainer"])
+        if self.validation is not None and state.get("validation") is not None:
+            self.validation.load_state_dict(state["validation"])
         restore_global_rng(state)
 
     def close(self) -> None:
@@ -729,25 +771,59 @@ def _train_grpo(recipe: GRPORecipe, envs, progress: bool) -> dict:
     try:
         if main_process:
             (out / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, default=str))
+            if resume is None:  # starting over: an earlier run's choice is not this one's
+                (out / "best.json").unlink(missing_ok=True)
         log = MetricsLog(out, "grpo", trainer.step) if main_process else None
         history = list(log.history) if log else []
         budget_spent = lambda: 0 < grpo.real_step_budget <= trainer.counters["real_steps"]  # noqa: E731
+        if trainer.validation is not None and trainer.validation.start is None:
+            trainer.check_validation()  # the starting policy: the best until training beats it
+            if main_process:
+                write_best(out, trainer)
         for _ in tqdm(range(trainer.step, grpo.steps), desc="grpo", disable=not trainer.progress, initial=trainer.step,
                       total=grpo.steps):
             if budget_spent():
                 break
             record = trainer.train_step()
+            check = {}
+            if trainer.validation is not None and (trainer.step % recipe.validation.every == 0
+                                                   or trainer.step == grpo.steps):
+                check = trainer.check_validation()
+                record.update(check)
             if log is not None:  # before the checkpoint: a resume never loses a step's record
                 log.write(record)
             history.append(record)
-            if trainer.step % grpo.save_every == 0 or trainer.step == grpo.steps or budget_spent():
+            stop = check.get("val_stop", False)
+            if (trainer.step % grpo.save_every == 0 or trainer.step == grpo.steps or budget_spent()
+                    or check.get("val_improved") or stop):
                 trainer.save()
                 trainer.dist.barrier()
-        return {"history": history, "checkpoint": str(latest_checkpoint(out)), "trainer": trainer}
+                if check.get("val_improved") and main_process:
+                    write_best(out, trainer)
+            if stop:
+                if main_process:
+                    print(f"grpo: validation success fell from {check['val_success_start']:.3f} to "
+                          f"{check['val_success']:.3f} (lost {check['val_lost']}, gained {check['val_gained']} "
+                          f"episodes, p = {check['val_p_worse']:.3g}): stopped at step {trainer.step}; the best "
+                          f"checkpoint is step {check['val_best_step']}", file=sys.stderr)
+                break
+        keep_best = trainer.validation is not None and recipe.validation.keep_best
+        result = selected_checkpoint(out) if keep_best else latest_checkpoint(out)
+        return {"history": history, "checkpoint": str(result), "trainer": trainer}
     finally:
         if log is not None:
             log.close()
         trainer.close()
+
+
+def write_best(out: Path, trainer: GRPOTrainer) -> None:
+    """`best.json`: the checkpoint with the best validation success so far (step 0: the starting one)."""
+    tracker = trainer.validation
+    checkpoint = (trainer.recipe.policy.checkpoint if tracker.best_step == 0
+                  else str(out / "checkpoints" / f"step_{tracker.best_step:07d}"))
+    with atomic_file(out / "best.json") as tmp:
+        tmp.write_text(json.dumps({"step": tracker.best_step, "val_success": tracker.best_success,
+                                   "checkpoint": checkpoint}, indent=2))
 
 
 def main(args) -> None:
