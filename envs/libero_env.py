@@ -32,6 +32,8 @@ NUM_WAIT_STEPS = 10
 CONTROL_HZ = 20  # LIBERO's OSC_POSE control rate: one env step per control step
 WAIT_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
 CAMERAS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
+ARM_INIT_NOISE = 0.02  # rad, Gaussian per arm joint: robosuite's "default" initialization_noise, the published states'
+ARM_NOISE_SALT = 7_000_003  # keeps a drawn state's arm noise apart from its placement draws
 
 
 @dataclass(frozen=True)
@@ -358,10 +360,18 @@ class LiberoEnv(RobotEnv):
         """A new raw init state drawn by LIBERO's own placement samplers from an RNG seeded with `seed`.
 
         The published 50 init states were drawn by the same samplers; new draws give RL training
-        states disjoint from the evaluation states (see `minivla_wmrl.init_states`).
+        states disjoint from the evaluation states (see `minivla_wmrl.init_states`). The published
+        states also start the arm off its nominal pose (robosuite's default initialisation noise:
+        ~0.02 rad per joint, measured on libero_90 tasks 0 and 28), which LIBERO's resets here do
+        not apply: without it every drawn state would start the arm at exactly the same pose.
         """
         self._render_next = False
         self._seeded_reset(seed)
+        robot = self._env.env.robots[0]
+        joints = robot._ref_joint_pos_indexes
+        arm_rng = np.random.default_rng([seed, ARM_NOISE_SALT])
+        self.sim.data.qpos[joints] += arm_rng.normal(0.0, ARM_INIT_NOISE, len(joints))
+        self.sim.forward()
         return self.get_state()
 
     def _seeded_reset(self, seed: int) -> None:

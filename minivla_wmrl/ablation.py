@@ -376,8 +376,8 @@ def _seed_level(d: dict) -> str:
     """A seed-level difference: points, interval, p (t over seeds) and the sign-flip p; one seed: n/a."""
     if d["ci95"] is None:
         return f"{100 * d['difference']:+.1f} n/a (1 seed)"
-    return (f"{100 * d['difference']:+.1f} {_pct(d['ci95'])}, p={d['p']:.2g}, "
-            f"sign-flip p={d['p_sign_flip']:.2g}")
+    sign_flip = "" if d["p_sign_flip"] is None else f", sign-flip p={d['p_sign_flip']:.2g}"
+    return f"{100 * d['difference']:+.1f} {_pct(d['ci95'])}, p={d['p']:.2g}{sign_flip}"
 
 
 def _per_seed_mcnemar(d: dict) -> str:

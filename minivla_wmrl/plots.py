@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 CURVES = {"sft": ("loss", "action_accuracy"), "wm": ("loss", "val_success_auroc"),
-          "grpo": ("success_rate", "reward_mean_anchor")}
+          "grpo": ("success_rate", "reward_mean_anchor", "val_success")}  # val_success: the guard's checks
 
 
 def _figure(rows: int, cols: int, panel: tuple[float, float] = (4, 3)):
@@ -30,11 +30,13 @@ def _save(plt, figure, path: Path) -> Path:
 
 
 def plot_training_curves(run_dir: Path, path: Path) -> Path:
-    """One column per stage that logged metrics (sft, wm, grpo), two metrics each."""
+    """One column per stage that logged metrics (sft, wm, grpo), its metrics one under another."""
     stages = [s for s in CURVES if (Path(run_dir) / s / "metrics.jsonl").exists()]
-    plt, figure, axes = _figure(2, max(len(stages), 1))
+    plt, figure, axes = _figure(max(len(keys) for keys in CURVES.values()), max(len(stages), 1))
     for col, stage in enumerate(stages):
         records = [json.loads(line) for line in (Path(run_dir) / stage / "metrics.jsonl").read_text().splitlines()]
+        for row in range(len(CURVES[stage]), len(axes)):
+            axes[row][col].set_visible(False)
         for row, key in enumerate(CURVES[stage]):
             points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None and np.isfinite(r[key])]
             ax = axes[row][col]

@@ -184,7 +184,7 @@ def seed_level_difference(a_by_seed: list[dict], b_by_seed: list[dict], confiden
         interval = [difference - half, difference + half]
         p = float(2 * stats.t.sf(abs(difference) / se, df))
     result.update(ci95=_clip(interval, (-1.0, 1.0)), se=se, df=df, p=p,
-                  p_sign_flip=sign_flip_p([entry["difference"] for entry in per_seed]))
+                  p_sign_flip=sign_flip_p([e["difference"] for e in per_seed]) if n_seeds <= 16 else None)
     return result
 
 

@@ -150,6 +150,10 @@ def test_rl_training_states_are_new_draws_disjoint_from_evaluation(libero_env):
     states = np.stack(training_init_states(libero_env.sample_init_state, libero_env.init_states, 2, libero_env.task_id))
     assert states.shape == (2, libero_env.init_states.shape[1])
     assert not np.allclose(states[0], states[1])
+    # the arm starts off its nominal pose as in the published states (~0.02 rad per joint), not at one fixed pose
+    arm = slice(1, 8)  # flattened state: time, then the Panda's 7 arm joints
+    assert np.abs(states[0, arm] - states[1, arm]).max() > 0.005
+    assert np.abs(states[:, arm] - libero_env.init_states[:, arm].mean(0)).max() < 0.15
     observation = libero_env.reset(states[0])  # a generated state is a valid start
     assert observation.images["agentview"].shape == (224, 224, 3) and not libero_env.success
     with pytest.raises(ValueError, match="equals evaluation init state 7"):

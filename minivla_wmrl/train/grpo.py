@@ -72,7 +72,7 @@ from world_models.scorer import SCORE_RANGES
 SALT_FULL_ANCHORS = 1_000_003  # which rollouts are anchors under full execution
 SALT_QUERY_SAMPLES = 2_000_003  # which queries of each rollout enter the loss
 SALT_MINIBATCHES = 3_000_003  # the minibatch order of the update
-SALT_SHUFFLED_REWARDS = 4_000_003  # the control arm's permutation of rewards within groups
+SALT_SHUFFLED_REWARDS = 4_000_003  # the control arm's derangement of rewards within groups
 SALT_TRUNCATED_ANCHORS = 5_000_003  # which rollouts are anchors under truncated execution (per task, attempt)
 
 RewardMode = Literal["sparse", "dense_raw", "dense_calib", "sparse_scarce"]
@@ -100,7 +100,7 @@ class GRPOConfig:
     min_anchors: int = 2  # per step at least this many anchors (added at random)
     anchor_reward: Literal["calib", "sparse", "mix"] = "calib"  # dense_calib anchors: f(x) | y | (2y + f(x)) / 3
     wm_reduction: str = "potential"  # potential (in [-1, 1]) | final | max | success (in [0, 1])
-    shuffle_rewards: bool = False  # control arm: permute rewards within each group (must not learn)
+    shuffle_rewards: bool = False  # control arm: derange rewards within each group (must not learn)
     scale_std: bool = True  # A = (r − mean) / (std + 1e-4); False: r − mean
     clip_eps: float = 0.2
     clip_eps_high: float = 0.28
