@@ -36,7 +36,7 @@ def test_the_tracker_keeps_the_best_and_stops_on_a_significant_fall():
     slight = tracker.update(3, episodes([True] * 7 + [False] * 13))  # 5 lost, none gained: p = 0.0625
     assert slight["val_lost"] == 5 and slight["val_p_worse"] == pytest.approx(0.0625) and not slight["val_stop"]
     fall = tracker.update(4, episodes([True] * 6 + [False] * 14))  # 6 lost: p = 0.03125
-    assert fall["val_stop"] and fall["val_best_step"] == 1
+    assert fall["val_stop"] and fall["val_best_step"] == 1 and tracker.stopped_at == 4
     restored = ValidationTracker(ValidationConfig(every=1))
     restored.load_state_dict(json.loads(json.dumps(tracker.state_dict())))  # what a checkpoint keeps
     assert restored.update(5, episodes(start)) == tracker.update(5, episodes(start))
@@ -112,6 +112,8 @@ def test_a_run_made_worse_stops_early_and_keeps_the_starting_checkpoint(easy_sta
     assert best["step"] == 0 and best["checkpoint"] == str(easy_start[0]) == result["checkpoint"]
     assert history[-1]["validation_episodes"] == 32 * (len(history) + 1)  # the start, then every step
     assert history[-1]["real_episodes"] == 32 * len(history)  # validation is counted apart from training
+    again = train_grpo(guarded(easy_start, tmp_path, steps=8), progress=False)  # a re-run resumes the stopped run
+    assert len(again["history"]) == len(history) and again["checkpoint"] == result["checkpoint"]  # and trains no more
 
 
 def test_the_best_checkpoint_is_kept_and_resume_is_exact(hard_start, tmp_path):

@@ -780,9 +780,13 @@ def _train_grpo(recipe: GRPORecipe, envs, progress: bool) -> dict:
             trainer.check_validation()  # the starting policy: the best until training beats it
             if main_process:
                 write_best(out, trainer)
+        stopped = trainer.validation is not None and trainer.validation.stopped_at is not None
+        if stopped and main_process:
+            print(f"grpo: this run stopped early at step {trainer.validation.stopped_at} (validation fell); not "
+                  "training further (resume=false to start over)", file=sys.stderr)
         for _ in tqdm(range(trainer.step, grpo.steps), desc="grpo", disable=not trainer.progress, initial=trainer.step,
                       total=grpo.steps):
-            if budget_spent():
+            if budget_spent() or stopped:
                 break
             record = trainer.train_step()
             check = {}

@@ -46,6 +46,7 @@ class ValidationTracker:
         self.config = config
         self.start: dict | None = None  # the starting policy's episodes
         self.best_step, self.best_success = 0, float("nan")
+        self.stopped_at: int | None = None  # the step at which the run stopped early (a resume does not go on)
 
     def update(self, step: int, episodes: dict) -> dict:
         """Record a check at GRPO step `step` (0: the starting policy); returns what to log and do:
@@ -65,15 +66,18 @@ class ValidationTracker:
         improved = success > self.best_success
         if improved:
             self.best_step, self.best_success = step, success
+        stop = bool(self.config.early_stop and p_worse < self.config.stop_p)
+        if stop:
+            self.stopped_at = step
         return {"val_success": success, "val_success_start": float(np.mean(list(self.start.values()))),
                 "val_gained": gained, "val_lost": lost, "val_p_worse": p_worse, "val_best_step": self.best_step,
-                "val_improved": improved,
-                "val_stop": bool(self.config.early_stop and p_worse < self.config.stop_p)}
+                "val_improved": improved, "val_stop": stop}
 
     def state_dict(self) -> dict:
         return {"start": None if self.start is None else [[*k, int(v)] for k, v in sorted(self.start.items())],
-                "best_step": self.best_step, "best_success": self.best_success}
+                "best_step": self.best_step, "best_success": self.best_success, "stopped_at": self.stopped_at}
 
     def load_state_dict(self, state: dict) -> None:
         self.start = None if state["start"] is None else {tuple(row[:-1]): bool(row[-1]) for row in state["start"]}
         self.best_step, self.best_success = state["best_step"], state["best_success"]
+        self.stopped_at = state.get("stopped_at")
