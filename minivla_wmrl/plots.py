@@ -39,6 +39,8 @@ def plot_training_curves(run_dir: Path, path: Path) -> Path:
             axes[row][col].set_visible(False)
         for row, key in enumerate(CURVES[stage]):
             points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None and np.isfinite(r[key])]
+            if key == "val_success" and points:  # the starting policy's check, before step 1
+                points.insert(0, (0, next(r["val_success_start"] for r in records if "val_success_start" in r)))
             ax = axes[row][col]
             if points:
                 ax.plot(*zip(*points), marker="." if len(points) < 30 else None)
