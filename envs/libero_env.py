@@ -385,7 +385,8 @@ class LiberoEnv(RobotEnv):
         global_rng = np.random.get_state()
         np.random.seed(seed)
         try:
-            with self._compiling(), self._rendering(), self._gl_current():  # a hard reset makes a new sim
+            hard = nullcontext() if self.soft_reset else self._rendering()  # a hard reset makes a new sim
+            with self._compiling(), hard, self._gl_current():
                 self._env.reset()
             if not self.soft_reset:  # robosuite gave the new sim's cameras their own sensors again
                 self._make_camera_sensors_lazy()

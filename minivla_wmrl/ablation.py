@@ -38,7 +38,7 @@ from minivla_wmrl.atomic import atomic_file
 from minivla_wmrl.checkpoint import read_json, recipe_differences
 from minivla_wmrl.config import apply_overrides, config_from_dict, load_recipe
 from minivla_wmrl.plots import plot_ablation
-from minivla_wmrl.statistics import SEED_LEVEL_UNIT, mean_interval, rate, seed_level_difference
+from minivla_wmrl.statistics import RATE_BOUNDS, SEED_LEVEL_UNIT, mean_interval, rate, seed_level_difference
 from minivla_wmrl.versions import run_versions
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
@@ -221,8 +221,10 @@ def _episode_rows(results: dict) -> list[list]:
 
 
 def _by_state(rows: list[list]) -> dict:
-    """Success by ((task, trial), sample): the init state is the unit resampled."""
-    return {((task, trial), sample): bool(success) for task, trial, sample, success in rows}
+    """`compare.by_state` of episode rows: the init state is the unit resampled."""
+    from minivla_wmrl.compare import by_state
+
+    return by_state({(task, trial, sample): bool(success) for task, trial, sample, success in rows})
 
 
 def collect_evidence(recipe, sft_eval: Path) -> dict:
@@ -263,17 +265,16 @@ def summarize_ablation(evidence: dict) -> dict:
         final = [_by_state(c["evaluations"][-1]["episodes"]) for c in cells]
         finals[entry["arm"]] = final
         per_seed = [c["evaluations"][-1]["success"]["success_rate"] for c in cells]
-        unit_rate = (0.0, 1.0)
         arms.append({
             "arm": entry["arm"], "overrides": entry["overrides"], "seeds": [c["seed"] for c in cells],
             "grpo_seeds": [c["grpo_seed"] for c in cells],
-            "held_out_per_seed": per_seed, "held_out": mean_interval(per_seed, bounds=unit_rate),
+            "held_out_per_seed": per_seed, "held_out": mean_interval(per_seed, bounds=RATE_BOUNDS),
             "held_out_pooled": rate(sum(sum(f.values()) for f in final), sum(len(f) for f in final)),
             "vs_sft": seed_level_difference([sft] * len(final), final),
             "identical_to_sft": sum(f[k] == sft[k] for f in final for k in f),
             "episodes": sum(len(f) for f in final),
-            "train_success_first": mean_interval([c["train_success_first"] for c in cells], bounds=unit_rate),
-            "train_success_last3": mean_interval([c["train_success_mean_last3"] for c in cells], bounds=unit_rate),
+            "train_success_first": mean_interval([c["train_success_first"] for c in cells], bounds=RATE_BOUNDS),
+            "train_success_last3": mean_interval([c["train_success_mean_last3"] for c in cells], bounds=RATE_BOUNDS),
             "grpo_steps": [c["grpo_steps"] for c in cells],
             "real_steps": mean_interval([c["real_steps"] for c in cells]),
             "real_episodes": mean_interval([c["real_episodes"] for c in cells]),
@@ -299,7 +300,7 @@ def summarize_ablation(evidence: dict) -> dict:
         entry["vs_first_arm"] = seed_level_difference(finals[first][:shared], finals[entry["arm"]][:shared])
     return {"sft": evidence["sft"]["overall"], "eval_settings": evidence["eval_settings"], "arms": arms,
             "first_arm": first, "seeding": evidence["seeding"], "grpo": evidence["grpo"],
-            "versions": evidence.get("versions"), "statistics_unit": SEED_LEVEL_UNIT, "evidence": evidence}
+            "statistics_unit": SEED_LEVEL_UNIT, "evidence": evidence}
 
 
 def _auroc_over_seeds(cells: list[dict]) -> dict | None:
@@ -321,7 +322,7 @@ def _curve(cells: list[dict]) -> list[dict]:
         points = [e for c in cells for e in c["evaluations"] if e["step"] == step]
         curve.append({"step": step, "seeds": len(points),
                       "real_steps": float(np.mean([p["real_steps"] for p in points])),
-                      "success": mean_interval([p["success"]["success_rate"] for p in points], bounds=(0.0, 1.0))})
+                      "success": mean_interval([p["success"]["success_rate"] for p in points], bounds=RATE_BOUNDS)})
     return curve
 
 

@@ -42,7 +42,7 @@ def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
                          f"({details}); evaluate both with the same settings")
 
 
-def _by_state(results: dict) -> dict:
+def by_state(results: dict) -> dict:
     """Success by ((task, trial), sample): the init state is the unit the bootstrap resamples."""
     return {((task, trial), sample): v for (task, trial, sample), v in results.items()}
 
@@ -56,7 +56,7 @@ def compare(paths: list[Path]) -> list[dict]:
     for path in paths[1:]:
         settings, other = load_evaluation(path)
         check_comparable(base_settings, settings, str(paths[0]), str(path))
-        rows.append({"a": str(paths[0]), "b": str(path), **paired_difference(_by_state(base), _by_state(other))})
+        rows.append({"a": str(paths[0]), "b": str(path), **paired_difference(by_state(base), by_state(other))})
     return rows
 
 

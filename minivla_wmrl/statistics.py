@@ -16,6 +16,7 @@ import numpy as np
 from scipy import stats
 
 CONFIDENCE = 0.95
+RATE_BOUNDS = (0.0, 1.0)  # success rates: intervals clipped to these
 
 
 def wilson_interval(successes: int, trials: int, confidence: float = CONFIDENCE) -> list[float] | None:
