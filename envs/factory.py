@@ -32,15 +32,20 @@ def env_factory(suite: str, task: str | int, cameras=("agentview",), image_conve
                              max_steps=max_steps, seed=seed)
 
 
-def env_pool(factories, backend: str = "local", address: str | None = None, envs_per_worker: int = 1):
-    """The pool that runs the envs: `local` worker processes (`VectorEnv`, `envs_per_worker` envs in
-    each), Ray actors (`RayVectorEnv`, one env each), or `inline` in this process (`InlineEnvs`, for
-    cheap envs)."""
+def check_pool_settings(backend: str, envs_per_worker: int = 1) -> None:
+    """Refuse a pool `env_pool` cannot build; commands call it with their other checks, before any work."""
     if backend not in ("local", "ray", "inline"):
         raise ValueError(f"unknown rollout backend {backend!r}; expected 'local', 'ray' or 'inline'")
     if envs_per_worker != 1 and backend != "local":
         raise ValueError(f"envs_per_worker={envs_per_worker} needs the 'local' backend ({backend!r} runs one env "
                          "per actor or all in this process)")
+
+
+def env_pool(factories, backend: str = "local", address: str | None = None, envs_per_worker: int = 1):
+    """The pool that runs the envs: `local` worker processes (`VectorEnv`, `envs_per_worker` envs in
+    each), Ray actors (`RayVectorEnv`, one env each), or `inline` in this process (`InlineEnvs`, for
+    cheap envs)."""
+    check_pool_settings(backend, envs_per_worker)
     if backend == "inline":
         from envs.vector_env import InlineEnvs
 

@@ -240,7 +240,9 @@ class LiberoEnv(RobotEnv):
         self.instruction = self.task.language
         self.cameras = tuple(cameras)
         self.convention = IMAGE_CONVENTIONS[image_convention]
-        self.resolution = resolution or self.convention.resolution
+        self.resolution = self.convention.resolution if resolution is None else resolution
+        if self.resolution < 1:  # 0 once fell back to the convention's 224 px
+            raise ValueError(f"camera resolution must be >= 1 pixel, got {resolution}")
         self.max_steps = max_steps or SUITE_MAX_STEPS[suite]
         self.num_wait_steps = num_wait_steps
         self.render_every_step = render_every_step

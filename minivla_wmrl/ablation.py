@@ -31,17 +31,23 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
 from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.outputs import check_output_dir, create_output_dir
 from minivla_wmrl.checkpoint import read_json, recipe_differences
-from minivla_wmrl.config import apply_overrides, config_from_dict, load_recipe
+from minivla_wmrl.config import Range, apply_overrides, check_config, config_from_dict, load_recipe
 from minivla_wmrl.plots import plot_ablation
 from minivla_wmrl.statistics import RATE_BOUNDS, SEED_LEVEL_UNIT, mean_interval, rate, seed_level_difference
 from minivla_wmrl.versions import run_versions
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
+SEED_LIMIT = 2**32  # GRPO seeds reach numpy: 0 <= seed < 2**32
+# what every cell shares, set by the ablation (out, seed) or the pipeline (the start and the tasks):
+# an arm that set one would silently run with the ablation's value instead
+ARM_MAY_NOT_SET = ("out", "grpo.seed", "policy.checkpoint", "env.suite", "env.tasks", "env.gym")
 CELL_MAY_DIFFER = ("out", "resume", "env.backend", "env.ray_address", "env.envs_per_worker",
                    "policy.device")  # do not change results
 
@@ -58,7 +64,8 @@ class AblationConfig:
     arms: list[Arm] = field(default_factory=list)  # the first arm is the one the others are compared with
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     paired_seeds: bool = False  # True: every arm uses the same GRPO seeds (common random numbers)
-    eval_every: int = 0  # also evaluate checkpoints at multiples of this GRPO step (0: the final one only)
+    # also evaluate checkpoints at multiples of this GRPO step (0: the final one only)
+    eval_every: Annotated[int, Range(0)] = 0
 
 
 def cell_recipe(recipe, arm_index: int, seed: int):
@@ -138,12 +145,22 @@ def check_ablation(recipe) -> None:
     bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_-]+", n)]
     if bad or len(set(names)) != len(names):
         raise ValueError(f"ablation arm names must be unique directory names ([A-Za-z0-9_-]); got {names}")
-    for arm in ablation.arms:
+    for i, arm in enumerate(ablation.arms):
         seeds = arm_seeds(ablation, arm)
         if not seeds or len(set(seeds)) != len(seeds):
             raise ValueError(f"ablation arm {arm.name!r}: seeds must be distinct and non-empty, got {seeds}")
-    if ablation.eval_every < 0:
-        raise ValueError(f"ablation.eval_every must be >= 0, got {ablation.eval_every}")
+        stride = 0 if ablation.paired_seeds else SEED_STRIDE * i
+        bad = [s for s in seeds if not 0 <= s < SEED_LIMIT - stride]
+        if bad:
+            raise ValueError(f"ablation arm {arm.name!r}: seeds {bad} out of range; expected 0 <= seed < "
+                             f"{SEED_LIMIT - stride} (its GRPO seed, seed + {stride}, must be < 2**32)")
+        keys = [o.split("=", 1)[0] for o in arm.overrides]
+        refused = [k for k in keys if any(k == r or k.startswith(r + ".") for r in ARM_MAY_NOT_SET)]
+        if refused:
+            raise ValueError(f"ablation arm {arm.name!r} overrides {refused}: the ablation sets these for every "
+                             f"cell ({', '.join(ARM_MAY_NOT_SET)}); use ablation.seeds, or change them in the "
+                             "recipe for all arms")
+    check_config(ablation, "ablation")
     for i, arm in enumerate(ablation.arms):  # every arm's overrides name real keys with valid values, before any work
         validate(cell_recipe(recipe, i, arm_seeds(ablation, arm)[0]))
     for i, arm in enumerate(ablation.arms):  # a finished cell is reused only if it ran the settings asked for now
@@ -166,9 +183,10 @@ def run_ablation(recipe, parallel: int = 1) -> dict:
     check_ablation(recipe)
     if parallel < 1:
         raise ValueError(f"--parallel must be >= 1, got {parallel}")
-    out = Path(recipe.out) / "ablation"
+    out = check_output_dir(Path(recipe.out) / "ablation", "ablate")
     start = time.perf_counter()
     pipeline.run(("demos", "vq", "sft", "wm"), skip_finished=True)
+    create_output_dir(out, "ablate")
     sft_eval = out / "eval" / "sft"
     evaluate(pipeline.eval_config(Path(recipe.out) / "sft" / "final", sft_eval))
     ablation = recipe.ablation
@@ -192,7 +210,7 @@ def run_ablation(recipe, parallel: int = 1) -> dict:
 
 def write_report(report: dict, out: Path) -> None:
     """`ablation.json` (the report, with every seed's episodes), `ablation.md` and `ablation.png`."""
-    out.mkdir(parents=True, exist_ok=True)
+    create_output_dir(out, "ablate")
     with atomic_file(out / "ablation.json") as tmp:
         tmp.write_text(json.dumps(report, indent=2))
     with atomic_file(out / "ablation.md") as tmp:

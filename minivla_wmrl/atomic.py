@@ -44,18 +44,6 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     return removed
 
 
-def output_directory(path: Path, create: bool = True) -> Path:
-    """Create the output directory `path` with its parents (`create=False`: only check, before any
-    work); a file where a directory must be is an error naming it, not FileExistsError's traceback."""
-    path = Path(path)
-    for part in (path, *path.parents):
-        if part.exists() and not part.is_dir():
-            raise NotADirectoryError(f"output {path}: {part} is an existing file, not a directory")
-    if create:
-        path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 @contextmanager
 def _disk_full_named(path: Path) -> Iterator[None]:
     try:

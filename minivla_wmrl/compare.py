@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from minivla_wmrl.evaluate import read_episodes, setting
+from minivla_wmrl.outputs import write_json_output
 from minivla_wmrl.statistics import paired_difference
 
 # the settings that may differ between compared evaluations: what is compared, and what cannot change results
@@ -80,4 +81,4 @@ def main(args) -> None:
     rows = compare([Path(p) for p in args.evaluations])
     print(comparison_table(rows))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        write_json_output(Path(args.json), rows)

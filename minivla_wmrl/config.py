@@ -12,7 +12,7 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
 
@@ -21,23 +21,28 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-    """Inclusive bounds of a numeric setting (None: unbounded); `below` is an exclusive upper bound."""
+    """Inclusive bounds of a numeric setting (None: unbounded); `below` and `above` are exclusive."""
 
     low: float | None = None
     high: float | None = None
     below: float | None = None
+    above: float | None = None
 
     def check(self, value, where: str) -> None:
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             return
         wrong = ((self.low is not None and value < self.low) or (self.high is not None and value > self.high)
-                 or (self.below is not None and value >= self.below) or value != value)  # NaN fails too
+                 or (self.below is not None and value >= self.below)
+                 or (self.above is not None and value <= self.above) or value != value)  # NaN fails too
         if wrong:
             raise ValueError(f"{where}: {value!r} is out of range; expected {self}")
 
     def __str__(self) -> str:
-        bounds = ((">=", self.low), ("<=", self.high), ("<", self.below))
+        bounds = ((">=", self.low), (">", self.above), ("<=", self.high), ("<", self.below))
         return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None) or "any number"
+
+
+Seed = Annotated[int, Range(0, below=2**32)]  # every seed reaches numpy, whose seeds are 0 <= seed < 2**32
 
 
 def _constraints(hint) -> tuple[Any, list]:
@@ -141,7 +146,8 @@ def command_line_parser(cls: type, prog: str, description: str):
     """An argparse parser whose flags are the fields of the config dataclass `cls`: `--first-trial`
     for `first_trial`, the type, choices and default from the declaration, the help from the
     field's `metadata["help"]`; fields without a default are required, `metadata["cli"] = False`
-    keeps a field off the command line. `config_from_dict(cls, vars(parsed), ...)` then checks
+    keeps a field off the command line, `metadata["positional"]` makes a list field the command's
+    positional arguments. `config_from_dict(cls, vars(parsed), ...)` then checks
     ranges as for a recipe. argparse does the parsing; this only reads the declaration."""
     import argparse
 
@@ -170,7 +176,10 @@ def command_line_parser(cls: type, prog: str, description: str):
             kwargs["default"] = f.default_factory()
         else:
             kwargs["required"] = True
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, **kwargs)
+        if f.metadata.get("positional"):
+            parser.add_argument(f.name, nargs="+", type=kwargs["type"], help=kwargs["help"])
+        else:
+            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, **kwargs)
     return parser
 
 

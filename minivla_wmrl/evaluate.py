@@ -26,12 +26,13 @@ from typing import Annotated, Literal
 import numpy as np
 import torch
 
-from envs.factory import GYM, env_factory, env_pool
+from envs.factory import GYM, check_pool_settings, env_factory, env_pool
 from envs.libero_env import (CONTROL_HZ, IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, read_init_states,
                               resolve_task)
-from minivla_wmrl.atomic import atomic_file, output_directory
-from minivla_wmrl.config import Range, check_config, command_line_parser, config_from_dict
+from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.config import Range, Seed, check_config, command_line_parser, config_from_dict
 from minivla_wmrl.init_states import evaluation_init_states
+from minivla_wmrl.outputs import check_output_dir, create_output_dir
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
@@ -62,7 +63,7 @@ class EvalProtocol:
     temperature: Annotated[float, Range(0)] = field(default=0.0, metadata=_help("0 = greedy (the protocol's)"))
     samples_per_state: Annotated[int, Range(1)] = field(default=1, metadata=_help(
         "K > 1 (with temperature > 0): each init state K times; reports avg, best@K and all@K (WMRL's protocol)"))
-    seed: int = field(default=0, metadata=_help(
+    seed: Seed = field(default=0, metadata=_help(
         "fixture placement seed (the protocol's env.seed(0)) and sampling seed"))
     max_steps: Annotated[int | None, Range(1)] = field(default=None, metadata=_help(
         "episode step cap (default: the suite's protocol cap)"))
@@ -266,7 +267,8 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     if config.samples_per_state > 1 and config.temperature <= 0:
         raise ValueError(f"samples_per_state {config.samples_per_state}: expected 1, or K > 1 with a temperature > 0 "
                          "(greedy samples would all be the same episode)")
-    output_directory(Path(config.out), create=False)
+    check_pool_settings(config.backend, config.envs_per_worker)
+    check_output_dir(Path(config.out), "eval")
     if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
         if not config.tasks:
             raise ValueError("suite gym needs tasks: the gymnasium env ids to evaluate")
@@ -287,7 +289,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     policy = MiniVLA.from_pretrained(checkpoint, device=config.device, dtype=DTYPES[config.dtype])
     _check_policy(policy, config.checkpoint, action_dim)
 
-    out = output_directory(Path(config.out))
+    out = create_output_dir(Path(config.out), "eval")
     run_settings = settings(config, checkpoint, tasks, progress) | {"center_crop": policy.config.center_crop}
     settings_path = out / "eval_settings.json"
     if settings_path.exists():

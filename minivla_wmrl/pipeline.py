@@ -13,12 +13,13 @@ import json
 import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Annotated
 
 from envs.factory import GYM
 from minivla_wmrl.ablation import AblationConfig
-from minivla_wmrl.atomic import output_directory
-from minivla_wmrl.config import load_recipe
+from minivla_wmrl.config import Range, load_recipe
 from minivla_wmrl.evaluate import EvalConfig, EvalProtocol
+from minivla_wmrl.outputs import create_output_dir, replaced_directory
 from minivla_wmrl.train.grpo import GRPORecipe
 from minivla_wmrl.train.sft import SFTRecipe
 from minivla_wmrl.train.vq import VQTrainConfig
@@ -50,9 +51,9 @@ class Weights:
 class DemosStage:
     generate: bool = False  # record scripted demos (envs/experts.py) instead of reading `data`
     tasks: list[str] = field(default_factory=lambda: ["0"])
-    num: int = 20
-    max_episodes: int = 20
-    resolution: int = 128
+    num: Annotated[int, Range(1)] = 20
+    max_episodes: Annotated[int, Range(1)] = 20
+    resolution: Annotated[int, Range(8, high=1024)] = 128
 
 
 @dataclass
@@ -178,7 +179,7 @@ class Pipeline:
     def run(self, stages=STAGES, skip_finished: bool = False) -> dict:
         """Run `stages` in order; `skip_finished` keeps the outputs of stages already complete."""
         self.check_inputs()
-        output_directory(self.out)
+        create_output_dir(self.out, "pipeline")
         (self.out / "pipeline_recipe.json").write_text(json.dumps(asdict(self.r), indent=2, default=str))
         results, times_path = {}, self.out / "stage_times.json"
         times = json.loads(times_path.read_text()) if times_path.exists() else {}
@@ -222,7 +223,6 @@ class Pipeline:
     def stage_sft(self) -> dict:
         import shutil
 
-        from minivla_wmrl.atomic import atomic_directory
         from minivla_wmrl.checkpoint import RUN_FILES
         from minivla_wmrl.policy.checkpoint import import_prismatic
         from minivla_wmrl.train.sft import train_sft
@@ -232,7 +232,8 @@ class Pipeline:
             import_prismatic(Path(w.minivla_run_dir), Path(w.vq_dir), Path(w.qwen_dir), self.r.sft.policy.preset,
                              w.unnorm_key).save_pretrained(self.out / "pretrained")
         result = train_sft(self.r.sft)
-        with atomic_directory(self.out / "sft" / "final") as tmp:  # the checkpoint later stages start from
+        # the checkpoint later stages start from
+        with replaced_directory(self.out / "sft" / "final", "checkpoint") as tmp:
             shutil.copytree(result["checkpoint"], tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*RUN_FILES))
         return {k: v for k, v in result.items() if k != "history"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.outputs import replaced_directory
 from world_models.pretrained import Pretrained
 
 
@@ -14,5 +14,5 @@ class AtomicPretrained(Pretrained):
     def save_pretrained(self, save_directory: str | Path, **options) -> str | None:
         if options.get("push_to_hub") and not options.get("repo_id"):
             options["repo_id"] = Path(save_directory).name  # the mixin's default, not the temporary's name
-        with atomic_directory(Path(save_directory)) as tmp:
+        with replaced_directory(Path(save_directory), "save_pretrained") as tmp:
             return super().save_pretrained(tmp, **options)

@@ -105,21 +105,23 @@ def test_a_checkpoint_of_the_pickle_era_is_refused_not_unpickled(tmp_path):
 
 
 def test_one_process_per_run_directory(tmp_path):
-    with run_lock(tmp_path / "run"):
+    with run_lock(tmp_path / "run", "sft"):
         with pytest.raises(RuntimeError, match=f"another process \\(pid {os.getpid()}\\) is writing"):
-            with run_lock(tmp_path / "run"):
+            with run_lock(tmp_path / "run", "sft"):
                 pass
         other = subprocess.run([sys.executable, "-c", "import sys; from minivla_wmrl.checkpoint import run_lock\n"
-                                f"with run_lock({str(tmp_path / 'run')!r}): pass"], capture_output=True, text=True)
+                                f"with run_lock({str(tmp_path / 'run')!r}, 'sft'): pass"],
+                               capture_output=True, text=True)
         assert other.returncode != 0 and "is writing" in other.stderr
     killed = subprocess.run([sys.executable, "-c", "import os, signal; from minivla_wmrl.checkpoint import run_lock\n"
-                             f"with run_lock({str(tmp_path / 'stale')!r}): os.kill(os.getpid(), signal.SIGKILL)"])
+                             f"with run_lock({str(tmp_path / 'stale')!r}, 'sft'):\n"
+                             " os.kill(os.getpid(), signal.SIGKILL)"])
     assert killed.returncode == -9 and (tmp_path / "stale" / ".lock").exists()  # the lock file stays behind
-    with run_lock(tmp_path / "stale"):  # but a dead holder holds nothing
+    with run_lock(tmp_path / "stale", "sft"):  # but a dead holder holds nothing
         pass
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError, match="output .*file: .*file is an existing file"):
-        with run_lock(tmp_path / "file"):
+        with run_lock(tmp_path / "file", "sft"):
             pass
 
 

@@ -70,24 +70,3 @@ def test_declared_ranges_and_choices_are_enforced_when_read_and_before_work(tmp_
         generate_demos("libero_90", 0, 0, tmp_path / "demos")
     assert not any(tmp_path.iterdir())  # nothing was written
     check_config(GRPORecipe())  # the defaults are in range
-
-
-@pytest.mark.parametrize("command", [
-    ["sft", "{recipe}", "out={out}"],
-    ["wm", "{recipe}", "out={out}"],
-    ["grpo", "{recipe}", "out={out}"],
-    ["vq", "--data", "{demo}", "--out", "{out}"],
-    ["demos", "--suite", "libero_90", "--tasks", "0", "--out", "{out}/sub"],
-    ["eval", "--checkpoint", "{recipe}", "--suite", "libero_90", "--out", "{out}"],
-])
-def test_an_output_path_that_is_a_file_is_a_named_error(tmp_path, capsys, command):
-    from minivla_wmrl.cli import main as cli
-
-    out, recipe = tmp_path / "taken", tmp_path / "recipe.yaml"
-    out.write_text("someone's file")
-    recipe.write_text("{}\n")
-    args = [a.format(out=out, recipe=recipe, demo=tmp_path / "missing.hdf5") for a in command]
-    assert cli(args) == 1
-    assert f"{out} is an existing file, not a directory" in capsys.readouterr().err
-    assert (out.read_text() == "someone's file"
-            and sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml", "taken"])

@@ -54,6 +54,17 @@ class ProgressModelConfig:
     dropout: float = 0.1
     vocab_buckets: int = 4096  # hashed instruction words
 
+    def __post_init__(self) -> None:
+        """Sizes are positive and the width splits into heads: a bad value is named before a model is built."""
+        for name in ("image_size", "num_frames", "dim", "layers", "heads", "vocab_buckets"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not 1 <= value <= 1 << 20:
+                raise ValueError(f"world model config {name}: {value!r} is out of range; expected 1 <= {name} <= 2**20")
+        if isinstance(self.dropout, (int, float)) and not 0 <= self.dropout < 1:
+            raise ValueError(f"world model config dropout: {self.dropout!r} is out of range; expected 0 <= dropout < 1")
+        if isinstance(self.dim, int) and isinstance(self.heads, int) and self.dim % self.heads:
+            raise ValueError(f"world model config: dim {self.dim} is not a multiple of heads {self.heads}")
+
     @classmethod
     def from_dict(cls, data: dict, where: str = "world model config") -> ProgressModelConfig:
         """Unknown keys and values of the wrong type are named, with what was expected."""

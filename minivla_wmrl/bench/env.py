@@ -14,7 +14,6 @@ one env worker process.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from tqdm import tqdm
 
 from envs.libero_env import LiberoEnv
 from minivla_wmrl.bench.same_work import check_cameras_differ, check_same_frames
+from minivla_wmrl.outputs import write_json_output
 
 MODES = {
     "naive": dict(cameras=("agentview", "wrist"), soft_reset=False, render_every_step=True),
@@ -151,6 +151,5 @@ def main(args) -> None:
                        envs_per_worker=args.envs_per_worker)
     print(format_table(result))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json_output(Path(args.json), result)
         print(f"wrote {args.json}")

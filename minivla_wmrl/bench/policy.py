@@ -7,7 +7,6 @@ weights, images and instructions.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from tqdm import tqdm
 from minivla_wmrl.action_tokenizer import ActionTokenizer
 from minivla_wmrl.policy import MiniVLA, preset
 from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
+from minivla_wmrl.outputs import write_json_output
 
 INSTRUCTIONS = ["close the top drawer of the cabinet", "put the black bowl on the plate",
                 "turn on the stove", "pick up the alphabet soup and place it in the basket"]
@@ -71,5 +71,4 @@ def main(args) -> None:
           f"batched KV-cache x{result['batch']}: {result['batched_queries_per_s']:.2f} queries/s; "
           f"one at a time, no cache: {result['naive_queries_per_s']:.2f} queries/s; ratio {result['ratio']:.1f}x")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json_output(Path(args.json), result)

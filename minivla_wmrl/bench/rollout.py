@@ -15,7 +15,6 @@ every query (and the naive loop's wrist camera its own view). Building the envs 
 from __future__ import annotations
 
 import functools
-import json
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.policy import MiniVLA, preset
 from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from minivla_wmrl.outputs import write_json_output
 
 
 def random_policy(preset_name: str, seed: int) -> MiniVLA:
@@ -147,5 +147,4 @@ def main(args) -> None:
               f"the same frame at all {result['frames_compared']} queries  "
               f"(preset {result['preset']}, execute_steps {result['execute_steps']}, max_steps {result['max_steps']})")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json_output(Path(args.json), result)

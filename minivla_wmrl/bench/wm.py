@@ -8,7 +8,6 @@ with the rollout engine (random tiny policy, `--envs` workers, the suite's step 
 from __future__ import annotations
 
 import functools
-import json
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from envs.libero_env import LiberoEnv
 from envs.vector_env import VectorEnv
 from minivla_wmrl.bench.rollout import random_policy
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from minivla_wmrl.outputs import write_json_output
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 
 
@@ -55,5 +55,4 @@ def main(args) -> None:
     print(f"world model: {result['scored_per_s']:.2f} trajectories scored/s; real {result['suite']} rollouts "
           f"({result['envs']} envs): {result['real_rollouts_per_s']:.3f}/s; ratio {result['ratio']:.0f}x")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json_output(Path(args.json), result)

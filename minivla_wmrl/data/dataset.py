@@ -117,6 +117,8 @@ def open_hdf5(path: Path, what: str):
     """Open an hdf5 file for reading; a missing or unreadable file is an error naming it."""
     import h5py
 
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{what} {path} is a directory; expected an hdf5 file")
     if not Path(path).is_file():
         raise FileNotFoundError(f"{what} {path} does not exist")
     try:
@@ -152,39 +154,49 @@ def read_episodes(paths: list[Path], chunk_len: int = 8, image_key: str | None =
     may be ours, e.g. agentview_rgb, or the dataset's). With `image_key=None` only the actions are
     needed (action-tokenizer training). `max_demos_per_file` keeps the first N demos of each file
     (LIBERO: one file per task), or of each task of a LeRobot dataset."""
+    if not paths:
+        raise ValueError("no demonstration sources: data.paths (vq --data) is empty; expected hdf5 files, "
+                         "directories of them, or LeRobot dataset directories")
+    sources, seen = [], {}
+    for path in map(Path, paths):  # each source once, checked before any is read: `--data D D` counted D twice
+        for source in [path] if is_lerobot_dataset(path) else demo_files([path]):
+            if source.resolve() in seen:
+                raise ValueError(f"demonstration source {source} is named twice (also as {seen[source.resolve()]}); "
+                                 "each demo would count twice")
+            seen[source.resolve()] = source
+            sources.append(source)
     episodes = []
-    for path in map(Path, paths):
-        if is_lerobot_dataset(path):
-            episodes.extend(_lerobot_episodes(path, chunk_len, image_key, wrist_key, max_demos_per_file))
+    for file in sources:
+        if file.is_dir():  # a LeRobot dataset
+            episodes.extend(_lerobot_episodes(file, chunk_len, image_key, wrist_key, max_demos_per_file))
             continue
-        for file in demo_files([path]):
-            with open_hdf5(file, "demonstration file") as handle:
-                instruction = instruction_of(handle, file)
-                convention = handle["data"].attrs.get("macros_image_convention", "opengl")
-                gripper = handle["data"].attrs.get("gripper_convention", "libero")
-                source = Hdf5Frames(file)
-                for demo in demo_names(handle, file, max_demos_per_file):
-                    group = handle["data"][demo]
-                    for key in ["actions"] + [f"obs/{k}" for k in (image_key, wrist_key) if k]:
-                        if key not in group:
-                            raise ValueError(f"{file}: data/{demo} lacks '{key}'")
-                    try:
-                        raw = np.asarray(group["actions"], dtype=np.float64)
-                    except OSError as error:
-                        raise ValueError(f"{file}: data/{demo}/actions cannot be read ({error}); "
-                                         "the file is damaged") from None
-                    for key in (image_key, wrist_key):  # float frames in [0, 1] once became near-black uint8
-                        frames = group[f"obs/{key}"] if key else None
-                        if frames is not None and (frames.dtype != np.uint8 or frames.ndim != 4
-                                                   or frames.shape[-1] != 3):
-                            raise ValueError(f"{file}: data/{demo}/obs/{key} is {frames.dtype} {frames.shape}; "
-                                             "expected uint8 (T, H, W, 3) RGB frames in 0..255 "
-                                             "(scale float images before writing them)")
-                    if image_key and len(group[f"obs/{image_key}"]) != len(raw):
-                        raise ValueError(f"{file}: data/{demo} has {len(group[f'obs/{image_key}'])} frames "
-                                         f"for {len(raw)} actions")
-                    episodes.append(_episode(f"{file}: data/{demo}", DemoEpisode(
-                        file, demo, instruction, raw, np.arange(len(raw)), convention, gripper, source), chunk_len))
+        with open_hdf5(file, "demonstration file") as handle:
+            instruction = instruction_of(handle, file)
+            convention = handle["data"].attrs.get("macros_image_convention", "opengl")
+            gripper = handle["data"].attrs.get("gripper_convention", "libero")
+            source = Hdf5Frames(file)
+            for demo in demo_names(handle, file, max_demos_per_file):
+                group = handle["data"][demo]
+                for key in ["actions"] + [f"obs/{k}" for k in (image_key, wrist_key) if k]:
+                    if key not in group:
+                        raise ValueError(f"{file}: data/{demo} lacks '{key}'")
+                try:
+                    raw = np.asarray(group["actions"], dtype=np.float64)
+                except OSError as error:
+                    raise ValueError(f"{file}: data/{demo}/actions cannot be read ({error}); "
+                                     "the file is damaged") from None
+                for key in (image_key, wrist_key):  # float frames in [0, 1] once became near-black uint8
+                    frames = group[f"obs/{key}"] if key else None
+                    if frames is not None and (frames.dtype != np.uint8 or frames.ndim != 4
+                                               or frames.shape[-1] != 3):
+                        raise ValueError(f"{file}: data/{demo}/obs/{key} is {frames.dtype} {frames.shape}; "
+                                         "expected uint8 (T, H, W, 3) RGB frames in 0..255 "
+                                         "(scale float images before writing them)")
+                if image_key and len(group[f"obs/{image_key}"]) != len(raw):
+                    raise ValueError(f"{file}: data/{demo} has {len(group[f'obs/{image_key}'])} frames "
+                                     f"for {len(raw)} actions")
+                episodes.append(_episode(f"{file}: data/{demo}", DemoEpisode(
+                    file, demo, instruction, raw, np.arange(len(raw)), convention, gripper, source), chunk_len))
     return episodes
 
 

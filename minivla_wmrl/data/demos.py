@@ -15,14 +15,37 @@ import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 from robosuite.utils.transform_utils import quat2axisangle
 from tqdm import tqdm
 
 from envs.experts import expert_for
-from minivla_wmrl.atomic import atomic_file, output_directory
-from envs.libero_env import CONTROL_HZ, LiberoEnv
+from envs.libero_env import CONTROL_HZ, LiberoEnv, get_suite, resolve_task
+from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.config import Range, command_line_parser, config_from_dict
+from minivla_wmrl.outputs import check_output_dir, create_output_dir
+
+
+@dataclass(kw_only=True)
+class DemosCommand:
+    """`minivla-wmrl demos`: its command-line flags are these fields (`config.command_line_parser`)."""
+
+    suite: str = field(default="libero_90", metadata={"help": "LIBERO suite"})
+    tasks: list[str] = field(metadata={"help": "task indices or names"})
+    num: Annotated[int, Range(1)] = field(default=50, metadata={"help": "successful demos to write per task"})
+    out: str = field(metadata={"help": "output directory"})
+    first_init_state: Annotated[int, Range(0)] = 0
+    max_episodes: Annotated[int, Range(1)] = field(default=50, metadata={"help": "init states tried per task at most"})
+    resolution: Annotated[int, Range(8, high=1024)] = field(default=128, metadata={
+        "help": "camera size stored (LIBERO's files: 128)"})
+    format: Literal["hdf5", "lerobot"] = field(default="hdf5", metadata={
+        "help": "hdf5: one LIBERO file per task; lerobot: one LeRobot dataset of all tasks in --out"})
+    lerobot_version: Literal["v3.0", "v2.1"] = "v3.0"
+    video: bool = field(default=False, metadata={"help": "lerobot: cameras as AV1 mp4 (lossy) instead of PNG"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "write into --out although it holds files this command did not write (see outputs.py)"})
 
 
 @dataclass
@@ -97,7 +120,9 @@ def generate_demos(suite: str, task: int | str, num: int, out: Path, init_states
     """Record scripted episodes until `num` succeed (or the init states run out); write the successes."""
     if num < 1:  # 0 once wrote one demo
         raise ValueError(f"demos: num must be >= 1 successful demos per task, got {num}")
-    output_directory(out)
+    if not init_states:
+        raise ValueError("demos: no init states to try (max_episodes must be >= 1)")
+    create_output_dir(out, "demos")
     env = LiberoEnv(suite, task, cameras=("agentview", "wrist"), resolution=resolution)
     try:
         init_states = list(range(env.num_init_states)) if init_states is None else init_states
@@ -120,25 +145,33 @@ def generate_demos(suite: str, task: int | str, num: int, out: Path, init_states
 
 
 def main(args) -> None:
-    out = Path(args.out)
-    init_states = list(range(args.first_init_state, args.first_init_state + args.max_episodes))
-    if args.format == "lerobot":  # the hdf5 files are an intermediate, removed once converted
+    parser = command_line_parser(DemosCommand, "minivla-wmrl demos",
+                                 "Record scripted demonstrations as LIBERO hdf5 files (or one LeRobot dataset).")
+    command = config_from_dict(DemosCommand, vars(parser.parse_args(args.options)), "demos")
+    out = Path(command.out)
+    bench = get_suite(command.suite)
+    for task in command.tasks:  # a bad task id is named before anything is written
+        resolve_task(bench, task)
+    check_output_dir(out, "demos", command.overwrite)
+    init_states = list(range(command.first_init_state, command.first_init_state + command.max_episodes))
+    if command.format == "lerobot":  # the hdf5 files are an intermediate, removed once converted
         from minivla_wmrl.data.lerobot import iter_hdf5_demos, write_lerobot
 
-        output_directory(out.parent)
+        out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.hdf5.") as hdf5:
-            reports = [generate_demos(args.suite, task, args.num, Path(hdf5), init_states, args.resolution)
-                       for task in args.tasks]
+            reports = [generate_demos(command.suite, task, command.num, Path(hdf5), init_states, command.resolution)
+                       for task in command.tasks]
             files = [Path(r["file"]) for r in reports if r["file"]]
             if not files:
                 raise ValueError("demos: no scripted episode succeeded; nothing to write")
-            write_lerobot(out, iter_hdf5_demos(files), fps=CONTROL_HZ, version=args.lerobot_version,
-                          video=args.video)
+            write_lerobot(out, iter_hdf5_demos(files), fps=CONTROL_HZ, version=command.lerobot_version,
+                          video=command.video, command="demos", overwrite=command.overwrite)
         for r in reports:
             r["file"] = str(out) if r["file"] else None
     else:
-        reports = [generate_demos(args.suite, task, args.num, out, init_states, args.resolution)
-                   for task in args.tasks]
+        create_output_dir(out, "demos", command.overwrite)
+        reports = [generate_demos(command.suite, task, command.num, out, init_states, command.resolution)
+                   for task in command.tasks]
     print("| task | name | scripted success | demos written |\n|---|---|---|---|")
     for r in reports:
         print(f"| {r['task']} | {r['name']} | {r['succeeded']}/{r['tried']} = {r['success_rate']:.0%} "

@@ -15,7 +15,8 @@ from tqdm import tqdm
 
 from envs.fetch_expert import FetchPickAndPlaceExpert
 from envs.gym_env import GymRobotEnv
-from minivla_wmrl.atomic import atomic_file, output_directory
+from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.outputs import create_output_dir
 
 EXPERTS = {"FetchPickAndPlace-v4": FetchPickAndPlaceExpert}
 IMAGE_KEY = "image_rgb"
@@ -28,7 +29,7 @@ def generate_gym_demos(env_id: str, instruction: str, num: int, out: Path, init_
 
     if env_id not in EXPERTS:
         raise ValueError(f"no scripted expert for {env_id!r}; experts exist for {sorted(EXPERTS)}")
-    output_directory(out)
+    create_output_dir(out, "demos")
     env = GymRobotEnv(env_id, instruction, resolution=resolution)
     successes, tried = [], 0
     try:

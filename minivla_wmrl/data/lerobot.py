@@ -25,7 +25,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.outputs import replaced_directory
 
 STORED_ORIENTATION = "rotated180"  # how LeRobot LIBERO frames relate to LIBERO's raw ("opengl") ones
 VERSIONS = ("v2.0", "v2.1", "v3.0")
@@ -238,13 +238,14 @@ def _encode_video(path: Path, frames: np.ndarray, fps: int) -> None:
 
 
 def write_lerobot(out: Path, episodes: Iterable[dict], fps: int, version: str = "v3.0", video: bool = False,
-                  robot_type: str = "panda") -> Path:
-    """Write episodes as a LeRobot dataset (atomically). Each episode: {"task": str, "frames": {feature:
-    (T, ...) array}}; 4-d uint8 arrays are cameras (PNG in the parquet, or mp4 with `video`)."""
+                  robot_type: str = "panda", command: str = "export", overwrite: bool = False) -> Path:
+    """Write episodes as a LeRobot dataset (atomically), `command`'s output (`outputs`: an existing
+    directory of other origin is refused unless `overwrite`). Each episode: {"task": str, "frames":
+    {feature: (T, ...) array}}; 4-d uint8 arrays are cameras (PNG in the parquet, or mp4 with `video`)."""
     pa, _, _ = _libraries()
     if version not in ("v2.1", "v3.0"):
         raise ValueError(f"LeRobot version {version!r} cannot be written; expected v2.1 or v3.0")
-    with atomic_directory(Path(out)) as root:
+    with replaced_directory(Path(out), command, overwrite) as root:
         tasks: dict[str, int] = {}
         features, tables, episode_rows, total = None, [], [], 0
         for index, episode in enumerate(episodes):

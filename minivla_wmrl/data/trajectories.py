@@ -8,13 +8,14 @@ attributes), written atomically.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Literal, Sequence
 
 import numpy as np
 
 from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.config import Range, command_line_parser, config_from_dict
 from minivla_wmrl.data.dataset import open_hdf5, read_episodes, resize_frames, upright_frames
 
 
@@ -117,14 +118,37 @@ def lerobot_episodes(trajectories: Sequence[LabelledTrajectory]):
                                                  "next.success": last & bool(t.success)}}
 
 
+@dataclass(kw_only=True)
+class ExportCommand:
+    """`minivla-wmrl export`: its command-line flags are these fields (`config.command_line_parser`)."""
+
+    trajectories: list[str] = field(metadata={"help": "trajectory hdf5 files written by wm (collected rollouts)",
+                                              "positional": True})
+    out: str = field(metadata={"help": "the LeRobot dataset directory to write"})
+    fps: Annotated[int, Range(1, high=1000)] = field(default=10, metadata={
+        "help": "frame rate recorded in meta/info.json"})
+    lerobot_version: Literal["v3.0", "v2.1"] = "v3.0"
+    video: bool = field(default=False, metadata={"help": "cameras as AV1 mp4 (lossy) instead of PNG"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "replace --out although it holds files this command did not write (see outputs.py)"})
+
+
 def main(args) -> None:
     """`minivla-wmrl export`: collected rollouts → a LeRobot dataset, to inspect with LeRobot's tools."""
     from minivla_wmrl.data.lerobot import write_lerobot
+    from minivla_wmrl.outputs import check_output_dir
 
-    trajectories = load_trajectories(args.trajectories, None)
+    parser = command_line_parser(ExportCommand, "minivla-wmrl export",
+                                 "Write collected rollouts (trajectory files) as a LeRobot dataset.")
+    command = config_from_dict(ExportCommand, vars(parser.parse_args(args.options)), "export")
+    check_output_dir(Path(command.out), "export", command.overwrite)
+    if not command.trajectories:
+        raise ValueError("export needs trajectory files (written by wm's rollout collection)")
+    trajectories = load_trajectories(command.trajectories, None)
     if not trajectories:
-        raise ValueError(f"export: {', '.join(args.trajectories)} hold no trajectories")
-    write_lerobot(Path(args.out), lerobot_episodes(trajectories), fps=args.fps, version=args.lerobot_version,
-                  video=args.video, robot_type="unknown")
+        raise ValueError(f"export: {', '.join(command.trajectories)} hold no trajectories")
+    write_lerobot(Path(command.out), lerobot_episodes(trajectories), fps=command.fps,
+                  version=command.lerobot_version, video=command.video, robot_type="unknown", command="export",
+                  overwrite=command.overwrite)
     successes = sum(t.success for t in trajectories)
-    print(f"{args.out}: {len(trajectories)} episodes ({successes} successful), LeRobot {args.lerobot_version}")
+    print(f"{command.out}: {len(trajectories)} episodes ({successes} successful), LeRobot {command.lerobot_version}")

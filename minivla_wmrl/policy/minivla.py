@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer
-from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.outputs import replaced_directory
 from minivla_wmrl.normalization import ActionStatistics, gripper_to_env
 from minivla_wmrl.policy.config import MiniVLAConfig
 from minivla_wmrl.policy.tokenizer import END_TOKENS, build_prompt, check_action_tokens
@@ -183,7 +183,7 @@ class MiniVLA(nn.Module, AtomicPretrained):
         `adapter_model.safetensors`): `PeftModel.from_pretrained(qwen2, directory)` loads them."""
         if not getattr(self, "lora", None):
             raise ValueError("this policy has no LoRA adapters to export (it was trained without lora)")
-        with atomic_directory(Path(directory)) as tmp:
+        with replaced_directory(Path(directory), "save_adapter") as tmp:
             self.llm.save_pretrained(tmp)
 
     # -- inputs ------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from tqdm import tqdm
 from minivla_wmrl.atomic import atomic_file
 from minivla_wmrl.checkpoint import (global_rng_state, latest_checkpoint, load_weights, restore_global_rng,
                                      resume_checkpoint, run_lock, save_checkpoint, selected_checkpoint)
-from minivla_wmrl.config import Range, check_config, load_recipe
+from minivla_wmrl.config import Range, Seed, check_config, load_recipe
 from minivla_wmrl.distributed import init_distributed
 from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
                                shard_policy)
@@ -94,21 +94,23 @@ class GRPOConfig:
     max_real_steps: Annotated[int, Range(1)] = 520  # real-simulator step cap after the 10 wait steps
     # "full": every rollout runs to success or the cap; "truncated": only anchors do
     execution: Literal["full", "truncated"] = "full"
-    wm_horizon: int = 200  # truncated: real steps a non-anchor runs; the world model scores the rest
+    # truncated: real steps a non-anchor runs; the world model scores the rest
+    wm_horizon: Annotated[int, Range(1)] = 200
     reward_mode: RewardMode = "dense_calib"
-    anchor_fraction: float = 1.0  # anchors per group = round(fraction × size); < 1 for denoising to act
-    min_anchors: int = 2  # per step at least this many anchors (added at random)
+    # anchors per group = round(fraction × size); < 1 for denoising to act
+    anchor_fraction: Annotated[float, Range(above=0, high=1)] = 1.0
+    min_anchors: Annotated[int, Range(0)] = 2  # per step at least this many anchors (added at random)
     anchor_reward: Literal["calib", "sparse", "mix"] = "calib"  # dense_calib anchors: f(x) | y | (2y + f(x)) / 3
-    wm_reduction: str = "potential"  # potential (in [-1, 1]) | final | max | success (in [0, 1])
+    wm_reduction: Literal["potential", "final", "max", "success"] = "potential"  # potential in [-1, 1]; others [0, 1]
     shuffle_rewards: bool = False  # control arm: derange rewards within each group (must not learn)
     scale_std: bool = True  # A = (r − mean) / (std + 1e-4); False: r − mean
-    clip_eps: float = 0.2
-    clip_eps_high: float = 0.28
+    clip_eps: Annotated[float, Range(0)] = 0.2
+    clip_eps_high: Annotated[float, Range(0)] = 0.28
     inner_epochs: Annotated[int, Range(1)] = 1  # with one epoch ρ = 1 and the clip never binds; use >= 2
     minibatch_size: Annotated[int, Range(1)] = 32  # queries per optimiser step
     queries_per_rollout: Annotated[int, Range(1)] = 12  # sampled queries per rollout in the loss
-    kl_coef: float = 0.0  # KL to the starting policy (k3 estimator); the paper config has 0.04
-    entropy_coef: float = 0.0
+    kl_coef: Annotated[float, Range(0)] = 0.0  # KL to the starting policy (k3 estimator); the paper config has 0.04
+    entropy_coef: Annotated[float, Range(0)] = 0.0
     lr: Annotated[float, Range(0)] = 1e-4
     weight_decay: Annotated[float, Range(0)] = 0.0
     grad_clip: Annotated[float, Range(0)] = 1.0
@@ -116,18 +118,18 @@ class GRPOConfig:
     success_band: list[float] = field(default_factory=lambda: [0.1, 0.9])  # keep groups with rate in [lo, hi]
     max_resample: Annotated[int, Range(0)] = 2  # re-sampling attempts per step for out-of-band groups, then skipped
     wm_cotrain: bool = True  # update a trainable world model on the anchors' real labels
-    wm_update_steps: int = 4
+    wm_update_steps: Annotated[int, Range(0)] = 4
     save_every: Annotated[int, Range(1)] = 5
     real_step_budget: Annotated[int, Range(0)] = 0  # > 0: stop after the step at which real steps reach it
-    seed: int = 0
+    seed: Seed = 0
 
 
 @dataclass
 class GRPOPolicy:
     checkpoint: str = ""  # the SFT checkpoint to start from
     lora: bool = True
-    lora_r: int = 16
-    lora_alpha: int = 32
+    lora_r: Annotated[int, Range(1)] = 16
+    lora_alpha: Annotated[int, Range(1)] = 32
     freeze_vision: bool = True
     device: str = "cpu"
     dtype: PolicyDtype = "float32"
@@ -138,13 +140,14 @@ class GRPOPolicy:
 class GRPOEnv:
     suite: str = "libero_10"
     tasks: list[str] = field(default_factory=lambda: ["0"])
-    envs_per_task: int = 2
-    image_convention: str = "minivla"
-    train_init_states: int = 50  # size of each task's pool of generated RL training states
+    envs_per_task: Annotated[int, Range(1)] = 2
+    image_convention: Literal["minivla", "openvla"] = "minivla"
+    train_init_states: Annotated[int, Range(1)] = 50  # size of each task's pool of generated RL training states
     rl_init_states: list[int] | None = None  # protocol (evaluation) indices instead; needs allow_eval_states
     allow_eval_states: bool = False
     gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
-    backend: str = "local"  # rollout workers: "local" processes, "ray" actors (a Ray cluster), "inline" (cheap envs)
+    # rollout workers: "local" processes, "ray" actors (a Ray cluster), "inline" (cheap envs)
+    backend: Literal["local", "ray", "inline"] = "local"
     ray_address: str | None = None  # e.g. "auto" inside a Ray job; None starts a local Ray instance
     envs_per_worker: Annotated[int, Range(1)] = 1  # local backend: envs per worker process (one GL context)
 
@@ -158,19 +161,20 @@ class WorldModelSetup:
 
 @dataclass
 class DebiasConfig:
-    bins: int = 10
-    min_pairs: int = 200
-    refit_every: int = 64
-    capacity: int = 5000
-    fit_fallback: str = "identity"  # all pairs in one bin: identity (the reference's) | mean (the base rate)
+    bins: Annotated[int, Range(2)] = 10
+    min_pairs: Annotated[int, Range(1)] = 200
+    refit_every: Annotated[int, Range(1)] = 64
+    capacity: Annotated[int, Range(1)] = 5000
+    # all pairs in one bin: identity (the reference's) | mean (the base rate)
+    fit_fallback: Literal["identity", "mean"] = "identity"
 
 
 @dataclass
 class DenoiseConfig:
-    half_life: float = 64
-    warmup: int = 32
-    target_weight: float = 2.0
-    max_weight: float = 4.0
+    half_life: Annotated[float, Range(above=0)] = 64
+    warmup: Annotated[int, Range(1)] = 32
+    target_weight: Annotated[float, Range(1)] = 2.0
+    max_weight: Annotated[float, Range(1)] = 4.0
 
 
 # settings a resume may change: how long, how often to save, where the rollouts and the policy run
@@ -192,10 +196,17 @@ class GRPORecipe:
 
 
 def validate(recipe: GRPORecipe) -> None:
+    from envs.factory import check_pool_settings  # envs import the simulator: only when a recipe is checked
+
     check_config(recipe, "grpo recipe")
     grpo = recipe.grpo
-    if not 0 < grpo.anchor_fraction <= 1:
-        raise ValueError(f"grpo.anchor_fraction must lie in (0, 1], got {grpo.anchor_fraction}")
+    check_pool_settings(recipe.env.backend, recipe.env.envs_per_worker)
+    if recipe.debias.capacity < recipe.debias.min_pairs:
+        raise ValueError(f"debias.capacity {recipe.debias.capacity} holds fewer anchor pairs than debias.min_pairs "
+                         f"{recipe.debias.min_pairs}; expected capacity >= min_pairs")
+    if recipe.denoise.target_weight > recipe.denoise.max_weight:
+        raise ValueError(f"denoise.target_weight {recipe.denoise.target_weight} exceeds denoise.max_weight "
+                         f"{recipe.denoise.max_weight}; expected target_weight <= max_weight")
     if grpo.rollouts_per_task % grpo.init_states_per_step:
         raise ValueError(f"grpo.rollouts_per_task {grpo.rollouts_per_task} is not a multiple of init_states_per_step "
                          f"{grpo.init_states_per_step}")
@@ -757,7 +768,7 @@ class GRPOTrainer:
 
 def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
     """Train; under `torchrun` every process runs a share of the rollouts and only rank 0 writes."""
-    with run_lock(Path(recipe.out)):
+    with run_lock(Path(recipe.out), "grpo"):
         return _train_grpo(recipe, envs, progress)
 
 

@@ -15,7 +15,7 @@ import json
 import random
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ from tqdm import tqdm
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.checkpoint import (global_rng_state, latest_checkpoint, restore_global_rng, resume_checkpoint,
                                      run_lock, save_checkpoint)
-from minivla_wmrl.config import Range, check_config, load_recipe
+from minivla_wmrl.config import Range, Seed, check_config, load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import DemoDataset, collate, read_episodes
 from minivla_wmrl.distributed import init_distributed
@@ -46,10 +46,11 @@ class DataConfig:
     val_fraction: Annotated[float, Range(0, below=1)] = 0.1  # episodes held out for validation
     image_key: str = "agentview_rgb"
     wrist_key: str | None = None  # e.g. "eye_in_hand_rgb" for a two-image policy
-    image_convention: str = "minivla"  # must match the env setting used at evaluation
-    chunk_len: int = 8
+    image_convention: Literal["minivla", "openvla"] = "minivla"  # must match the env setting used at evaluation
+    chunk_len: Annotated[int, Range(1)] = 8
     dataset_name: str = "libero"  # key in dataset_statistics.json
-    max_demos_per_file: int | None = None  # e.g. 1: one demo per task (the WMRL paper's LIBERO-Long SFT)
+    # e.g. 1: one demo per task (the WMRL paper's LIBERO-Long SFT)
+    max_demos_per_file: Annotated[int | None, Range(1)] = None
 
 
 @dataclass
@@ -86,7 +87,7 @@ class SFTConfig:
     save_every: Annotated[int, Range(1)] = 500
     val_batches: Annotated[int, Range(0)] = 4
     num_workers: Annotated[int, Range(0)] = 0
-    seed: int = 0
+    seed: Seed = 0
 
 
 @dataclass
@@ -173,7 +174,7 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     check_config(recipe, "sft recipe")
     dist = init_distributed(recipe.policy.device)
     recipe.policy.device = dist.device(recipe.policy.device)
-    with run_lock(Path(recipe.out)) if dist.is_main else nullcontext():
+    with run_lock(Path(recipe.out), "sft") if dist.is_main else nullcontext():
         return _train_sft(recipe, dist, progress)
 
 
@@ -189,9 +190,6 @@ def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
     recipe_record = asdict(recipe)
     resumed = resume_checkpoint(out, recipe_record, RESUMABLE_CHANGES) if recipe.resume else None
     resume_from, state = resumed if resumed is not None else (None, None)
-    if dist.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "recipe.json").write_text(json.dumps(recipe_record, indent=2))
 
     device = torch.device(recipe.policy.device)
     dtype = DTYPES[recipe.policy.dtype]
@@ -258,6 +256,8 @@ def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
                         lambda directory: write_policy(policy, directory, recipe.data.dataset_name, weights))
 
     model = policy if sharded else dist.wrap(policy)
+    if dist.is_main:  # once the run is set up: a run refused before this point leaves no directory
+        (out / "recipe.json").write_text(json.dumps(recipe_record, indent=2))
     log = MetricsLog(out, "sft", start_step) if dist.is_main else None
     if log is not None and log.history:  # a finished run re-run (the documented resume) reports where it stands
         last = log.history[-1]

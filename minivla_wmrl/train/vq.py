@@ -8,7 +8,7 @@ commitment (codebooks move by EMA). Writes the tokenizer, `dataset_statistics.js
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Annotated
 
@@ -17,11 +17,11 @@ import torch
 from tqdm import tqdm
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-from minivla_wmrl.atomic import output_directory
-from minivla_wmrl.config import Range, check_config
+from minivla_wmrl.config import Range, Seed, check_config, command_line_parser, config_from_dict
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import read_episodes
 from minivla_wmrl.normalization import ActionStatistics, write_statistics
+from minivla_wmrl.outputs import check_output_dir, create_output_dir
 
 
 @dataclass
@@ -34,8 +34,19 @@ class VQTrainConfig:
     weight_decay: Annotated[float, Range(0)] = 1e-4
     # fraction of episodes held out for the reconstruction error
     val_fraction: Annotated[float, Range(0, below=1)] = 0.1
-    seed: int = 0
+    seed: Seed = 0
     device: str = "cpu"
+
+
+@dataclass(kw_only=True)
+class VQCommand(VQTrainConfig):
+    """`minivla-wmrl vq`: its command-line flags are these fields (`config.command_line_parser`)."""
+
+    data: list[str] = field(metadata={"help": "LIBERO hdf5 demonstration files, directories of them, or LeRobot "
+                                              "datasets"})
+    out: str = field(metadata={"help": "output directory (action_tokenizer/, dataset_statistics.json)"})
+    chunk_len: Annotated[int, Range(1)] = field(default=8, metadata={"help": "actions per chunk"})
+    dataset_name: str = field(default="libero", metadata={"help": "key in dataset_statistics.json"})
 
 
 def split_episodes(num_episodes: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +96,8 @@ def run_vq(paths: list[str], out: Path, train_config: VQTrainConfig, chunk_len: 
            dataset_name: str = "libero") -> dict:
     """Train the action tokenizer on demo files; write `action_tokenizer/`, statistics and metrics into `out`."""
     check_config(train_config, "vq settings")  # once: --steps -3 wrote an untrained tokenizer, then IndexError
-    output_directory(Path(out), create=False)
+    Range(1).check(chunk_len, "vq chunk_len")
+    check_output_dir(Path(out), "vq")
     episodes = [e.actions for e in read_episodes(paths, chunk_len, image_key=None)]
     config = ActionTokenizerConfig(chunk_len=chunk_len, action_dim=episodes[0].shape[1])
     train_ids, val_ids = split_episodes(len(episodes), train_config.val_fraction, train_config.seed)
@@ -96,7 +108,7 @@ def run_vq(paths: list[str], out: Path, train_config: VQTrainConfig, chunk_len: 
         return (np.concatenate([episode_chunks(stats.normalize(episodes[i]), config.chunk_len) for i in ids])
                 if len(ids) else None)
 
-    out = output_directory(Path(out))
+    out = create_output_dir(Path(out), "vq")
     with open(out / "vq_metrics.jsonl", "w") as metrics:
         def log(record):
             metrics.write(json.dumps(record) + "\n")
@@ -111,11 +123,13 @@ def run_vq(paths: list[str], out: Path, train_config: VQTrainConfig, chunk_len: 
 
 
 def main(args) -> None:
-    train_config = VQTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                                 val_fraction=args.val_fraction, device=args.device)
-    result = run_vq(args.data, Path(args.out), train_config, args.chunk_len, args.dataset_name)
+    parser = command_line_parser(VQCommand, "minivla-wmrl vq",
+                                 "Train the residual-VQ action tokenizer on demonstration files.")
+    command = config_from_dict(VQCommand, vars(parser.parse_args(args.options)), "vq")
+    train_config = VQTrainConfig(**{f.name: getattr(command, f.name) for f in fields(VQTrainConfig)})
+    result = run_vq(command.data, Path(command.out), train_config, command.chunk_len, command.dataset_name)
     first, last = result["first"], result["last"]
     print(f"episodes: {result['train']} train, {result['held_out']} held out; steps: {train_config.steps}")
     if "val_l1" in last:
         print(f"held-out reconstruction L1 (normalised): {first['val_l1']:.4f} -> {last['val_l1']:.4f}")
-    print(f"wrote {result['action_tokenizer']} and {Path(args.out) / 'dataset_statistics.json'}")
+    print(f"wrote {result['action_tokenizer']} and {Path(command.out) / 'dataset_statistics.json'}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +30,9 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.outputs import replaced_directory
 from minivla_wmrl.checkpoint import global_rng_state, restore_global_rng, resume_checkpoint, run_lock, save_checkpoint
-from minivla_wmrl.config import Range, check_config, load_recipe
+from minivla_wmrl.config import Range, Seed, check_config, load_recipe
 import minivla_wmrl.policy.frame_encoder  # noqa: F401 - registers the world model's "policy:<checkpoint>" encoder
 from minivla_wmrl.data.trajectories import (LabelledTrajectory, demo_trajectories, load_trajectories,
                                             rollout_trajectories, save_trajectories)
@@ -48,30 +48,32 @@ class WMTrainConfig:
     steps: Annotated[int, Range(1)] = 2000
     batch_size: Annotated[int, Range(1)] = 16
     lr: Annotated[float, Range(0)] = 3e-4
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    prefix_prob: float = 0.5  # chance an example is cut to a random prefix
+    weight_decay: Annotated[float, Range(0)] = 0.01
+    grad_clip: Annotated[float, Range(above=0)] = 1.0
+    prefix_prob: Annotated[float, Range(0, 1)] = 0.5  # chance an example is cut to a random prefix
     # what a prefix's success target is: "reached" (successes cut: not yet a success; failures never cut)
     # or "final" (every trajectory cut, labelled with its final real outcome: P(success | prefix), what
     # truncated GRPO execution needs)
-    prefix_target: str = "reached"
+    prefix_target: Literal["reached", "final"] = "reached"
     # also report held-out AUROC on prefixes of these many frames
     eval_prefixes: list[int] = field(default_factory=list)
-    failed_progress: str = "zero"  # "zero": failed rollouts' progress target is 0; "none": no progress loss on them
-    progress_weight: float = 1.0
-    success_weight: float = 1.0
+    # "zero": failed rollouts' progress target is 0; "none": no progress loss on them
+    failed_progress: Literal["zero", "none"] = "zero"
+    progress_weight: Annotated[float, Range(0)] = 1.0
+    success_weight: Annotated[float, Range(0)] = 1.0
     val_fraction: Annotated[float, Range(0, below=1)] = 0.2
     eval_every: Annotated[int, Range(1)] = 200
     save_every: Annotated[int, Range(1)] = 500
-    seed: int = 0
+    seed: Seed = 0
 
 
 @dataclass
 class WMData:
     demos: list[str] = field(default_factory=list)  # LIBERO hdf5 files or directories (successes)
     rollouts: list[str] = field(default_factory=list)  # trajectory files (save_trajectories) labelled by the simulator
-    stride: int = 8  # demo frames kept every `stride` steps (the rollouts' query interval at execute_steps 8)
-    image_convention: str = "minivla"
+    # demo frames kept every `stride` steps (the rollouts' query interval at execute_steps 8)
+    stride: Annotated[int, Range(1)] = 8
+    image_convention: Literal["minivla", "openvla"] = "minivla"
     image_key: str = "agentview_rgb"  # the demos' camera (gym demos: image_rgb)
 
 
@@ -82,12 +84,12 @@ class WMCollect:
     checkpoint: str | None = None  # a policy checkpoint; None: collect nothing
     suite: str = "libero_90"
     tasks: list[str] = field(default_factory=lambda: ["0"])
-    episodes_per_task: int = 16
-    temperature: float = 1.0
-    execute_steps: int = 8
-    max_steps: int | None = None  # None: the suite's protocol cap
-    envs: int = 2
-    image_convention: str = "minivla"  # must match the policy's training data
+    episodes_per_task: Annotated[int, Range(0)] = 16
+    temperature: Annotated[float, Range(0)] = 1.0
+    execute_steps: Annotated[int, Range(1)] = 8
+    max_steps: Annotated[int | None, Range(1)] = None  # None: the suite's protocol cap
+    envs: Annotated[int, Range(1)] = 2
+    image_convention: Literal["minivla", "openvla"] = "minivla"  # must match the policy's training data
     gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
 
 
@@ -234,7 +236,7 @@ RESUMABLE_CHANGES = ("out", "resume", "train.steps", "train.eval_every", "train.
 
 def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
     check_config(recipe, "wm recipe")
-    with run_lock(Path(recipe.out)):
+    with run_lock(Path(recipe.out), "wm"):
         return _train_world_model(recipe, progress)
 
 
@@ -286,7 +288,7 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
                 save_checkpoint(out, step, recipe_record,
                                 {"trainer": trainer.state_dict(), "step": step, **global_rng_state()},
                                 lambda directory: model.save_pretrained(directory / "world_model"))
-    with atomic_directory(out / "world_model") as tmp:
+    with replaced_directory(out / "world_model", "wm") as tmp:
         model.save_pretrained(tmp)
     return {"last": last, "world_model": str(out / "world_model"), "train": len(train_set), "held_out": len(val_set),
             "model": model, "trainer": trainer}
