@@ -283,11 +283,15 @@ def test_truncated_execution_runs_anchors_to_the_cap_and_cuts_the_rest(envs, che
     trainer.rewards(batch, scores)
     assert [p[0] for p in trainer.debiaser.pairs] == pytest.approx(list(scores[a]))
 
-    # a rollout that ended within the horizon is rewarded with its real outcome, not the world model's guess
-    batch.early = np.array([False, True, False, False])
-    batch.outcomes = np.array([0.0, 1.0, 0.0, 0.0])
-    rewards, _, _ = trainer.rewards(batch, scores)
-    assert rewards[1] == 1.0
+    # what ran to its end is rewarded with its real outcome, never its prefix's score: the anchors, and a
+    # rollout that ended within the horizon; only cut rollouts get the world model's prediction
+    batch.early = ~a & (np.arange(len(a)) == np.flatnonzero(~a)[0])
+    batch.outcomes = np.where(a, [1.0, 0.0, 1.0, 0.0], 0.0) + batch.early
+    rewards, _, log = trainer.rewards(batch, scores)
+    known = a | batch.early
+    assert np.array_equal(rewards[known], batch.outcomes[known])
+    assert np.allclose(rewards[~known], trainer.debiaser(scores[~known]))
+    assert log["denoise_active"] == float(trainer.weighter.active)
     trainer.close()
 
 
@@ -297,7 +301,8 @@ def test_truncated_run_logs_its_accounting_and_resumes_exactly(envs, checkpoints
     assert full["history"][-1]["real_steps"] == counting.executed == 2 * 48
     for r in full["history"]:
         assert (r["step_real_steps"], r["step_real_steps_full"], r["step_real_steps_horizon"],
-                r["step_truncated_episodes"]) == (48, 32, 16, 2)
+                r["step_truncated_episodes"], r["cut_rollouts"]) == (48, 32, 16, 2, 2)
+        assert r["success_rate"] == 0.0 and np.isfinite(r["predicted_success_cut"])  # the anchors' real outcomes
     train_grpo(truncated(checkpoints, tmp_path / "cut", steps=1), envs=envs, progress=False)
     resumed = train_grpo(truncated(checkpoints, tmp_path / "cut"), envs=envs, progress=False)
     a, b = full["history"][-1], resumed["history"][-1]

@@ -60,6 +60,19 @@ def test_weighter_ema_freezes_c_once_and_clips():
     assert w.c == pytest.approx(0.5) and w.weight == 4.0
 
 
+def test_a_step_of_single_anchor_groups_is_observed_pooled():
+    w = InverseVarianceWeighter(half_life=1, warmup=1, target_weight=2.0)
+    # one anchor per group (truncated execution): no group varies alone, pooled they do
+    assert w.observe_step([0.9, 0.1, 0.8, 0.3], [1, 0, 1, 0], [0, 1, 2, 3]) == 1 and w.active
+    w = InverseVarianceWeighter(half_life=1, warmup=1)
+    # groups 0 and 1 vary on their own: one observation each; group 2's lone anchor and group 3's
+    # constant pair are pooled into a third
+    assert w.observe_step([0.9, 0.1, 0.7, 0.2, 0.5, 0.4, 0.3], [1, 0, 1, 0, 1, 0, 0], [0, 0, 1, 1, 2, 3, 3]) == 3
+    w = InverseVarianceWeighter(half_life=1, warmup=1)
+    assert w.observe_step([0.2, 0.4], [0, 0], [0, 1]) == 0  # one outcome everywhere: nothing to measure
+    assert w.observe_step([0.5], [1], [0]) == 0 and w.observations == 0 and not w.active
+
+
 def test_group_advantages_with_and_without_std_scaling():
     rewards, groups = np.array([1.0, 0, 0, 1, 0.2, 0.4]), np.array([0, 0, 0, 0, 1, 1])
     advantages, graded = group_advantages(rewards, groups)

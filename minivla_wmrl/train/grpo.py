@@ -100,7 +100,10 @@ class GRPOConfig:
     # anchors per group = round(fraction × size); < 1 for denoising to act
     anchor_fraction: Annotated[float, Range(above=0, high=1)] = 1.0
     min_anchors: Annotated[int, Range(0)] = 2  # per step at least this many anchors (added at random)
-    anchor_reward: Literal["calib", "sparse", "mix"] = "calib"  # dense_calib anchors: f(x) | y | (2y + f(x)) / 3
+    # dense_calib anchors under full execution: f(x) | y | (2y + f(x)) / 3. Under truncated execution every
+    # rollout that ran to its end (anchors, and those that ended within the horizon) keeps its real outcome y:
+    # its score is of a prefix, never of what it did after the horizon
+    anchor_reward: Literal["calib", "sparse", "mix"] = "calib"
     wm_reduction: Literal["potential", "final", "max", "success"] = "potential"  # potential in [-1, 1]; others [0, 1]
     shuffle_rewards: bool = False  # control arm: derange rewards within each group (must not learn)
     scale_std: bool = True  # A = (r − mean) / (std + 1e-4); False: r − mean
@@ -545,23 +548,24 @@ class GRPOTrainer:
                 before = centred_residual(scores[pairs], y[pairs], batch.groups[pairs])
                 after = centred_residual(self.debiaser(scores[pairs]), y[pairs], batch.groups[pairs])
                 log.update(calibrated=1.0, bias_reduction=1 - after / before if before > 0 else float("nan"))
-                for group in np.unique(batch.groups[pairs]):
-                    member = pairs & (batch.groups == group)
-                    self.weighter.observe(self.debiaser(scores[member]), y[member])
+                self.weighter.observe_step(self.debiaser(scores[pairs]), y[pairs], batch.groups[pairs])
             calibrated = self.debiaser(scores)
-            anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[grpo.anchor_reward]
-            rewards = np.where(a, anchor_value, calibrated)
-            if batch.early is not None:
-                rewards = np.where(batch.early, y, rewards)  # ended within the horizon: its real outcome counts
+            if batch.early is None:  # full execution: every score is of a whole trajectory
+                anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[grpo.anchor_reward]
+                rewards = np.where(a, anchor_value, calibrated)
+            else:  # truncated: what ran to its end keeps its real outcome; only cut rollouts get a prediction
+                rewards = np.where(a | batch.early, y, calibrated)
         rewards = np.where(batch.valid, rewards, np.nan)
         if grpo.shuffle_rewards:
             rewards = shuffle_within_groups(rewards, batch.groups,
                                             np.random.default_rng([grpo.seed, self.step, SALT_SHUFFLED_REWARDS]))
         advantages, graded = group_advantages(rewards, batch.groups, grpo.scale_std)
         log["debias_fit_failed"] = float(self.debiaser.fit_failed)
-        log["denoise_active"] = float(grpo.reward_mode == "dense_calib" and self.debiaser.calibrated
-                                      and bool((graded & ~a).any()))  # the weight separates anchors from the rest
-        if grpo.reward_mode == "dense_calib" and self.debiaser.calibrated:
+        denoising = grpo.reward_mode == "dense_calib" and self.debiaser.calibrated
+        # active when the weight exceeds 1 and there are world-model rewards for it to count anchors above
+        log["denoise_active"] = float(denoising and self.weighter.active and bool((graded & ~a).any()))
+        log["denoise_observations"] = float(self.weighter.observations)
+        if denoising:
             log["anchor_weight"] = self.weighter.weight
             advantages = weight_anchor_advantages(advantages, a, self.weighter.weight)
         zero_std = [np.nanstd(rewards[(batch.groups == group) & graded]) < 1e-9 for group in np.unique(batch.groups)
@@ -689,8 +693,14 @@ class GRPOTrainer:
         if grpo.reward_mode != "dense_raw":
             self.counters["real_labels_used"] += int(batch.anchors.sum())
         valid, a = batch.valid, batch.anchors
+        # truncated execution: a cut rollout's outcome is unknown (its reward is a prediction), so success is
+        # measured on the rollouts that ran to their end, and the cut ones' predicted success is logged apart
+        cut = valid & ~a & ~batch.early if batch.early is not None else np.zeros_like(valid)
+        known = valid & ~cut
         record = {
-            "step": self.step, "success_rate": float(batch.outcomes[valid].mean()) if valid.any() else float("nan"),
+            "step": self.step, "success_rate": float(batch.outcomes[known].mean()) if known.any() else float("nan"),
+            "cut_rollouts": int(cut.sum()),
+            "predicted_success_cut": float(np.nanmean(rewards[cut])) if cut.any() else float("nan"),
             "rollouts": len(batch.trajectories), "failures": int((~valid).sum()),
             "anchor_fraction": float(a.sum() / max(valid.sum(), 1)),
             "reward_mean_anchor": float(np.nanmean(rewards[a])) if np.isfinite(rewards[a]).any() else float("nan"),

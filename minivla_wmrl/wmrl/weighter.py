@@ -6,6 +6,10 @@ the world model's noise relative to the real signal. Modelling world-model varia
 (1 + c·s²) × real variance gives anchors the relative weight w = 1 + c·s². s² is tracked by an
 EMA with a half-life of `half_life` observations; after `warmup` observations c is frozen once
 so that w = `target_weight` at that moment; then w = clip(1 + c·EMA, 1, `max_weight`).
+
+A GRPO step's anchors are observed by `observe_step`: each group that has anchors of both outcomes
+on its own, and the anchors of the other groups pooled as one observation (with one anchor per
+group, as under truncated execution, no group varies alone; pooled, they still measure the noise).
 """
 
 from __future__ import annotations
@@ -40,6 +44,22 @@ class InverseVarianceWeighter:
         if self.c is None and self.observations >= self.warmup:
             self.c = (self.target_weight - 1.0) / self.ema if self.ema > 0 else 0.0
         return s2
+
+    def observe_step(self, calibrated_scores, outcomes, groups) -> int:
+        """Observe one step's anchors (see the module doc); returns how many observations it added."""
+        d, y, groups = (np.asarray(a) for a in (calibrated_scores, outcomes, groups))
+        varied = [g for g in np.unique(groups)
+                  if (groups == g).sum() >= 2 and y[groups == g].var() >= MIN_OUTCOME_VARIANCE]
+        added = sum(self.observe(d[groups == g], y[groups == g]) is not None for g in varied)
+        rest = ~np.isin(groups, varied)
+        if rest.sum() >= 2:
+            added += self.observe(d[rest], y[rest]) is not None
+        return added
+
+    @property
+    def active(self) -> bool:
+        """Whether anchors count more than world-model rewards now (c frozen and the weight above 1)."""
+        return self.weight > 1.0
 
     @property
     def weight(self) -> float:
