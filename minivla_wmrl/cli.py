@@ -105,6 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--out", help="with --from-json: write ablation.json/.md/.png here instead of printing")
     ablate.set_defaults(run=_main_of("minivla_wmrl.ablation"))
 
+    probe = commands.add_parser("probe-report", help="held-out AUROC of the final outcome by prefix length: the "
+                                "outcome probe vs time only vs the privileged-state probe, on replay episodes")
+    probe.add_argument("replay", nargs="+", help="replay files or directories (OUT/replay of wm or grpo)")
+    probe.add_argument("--steps", nargs="+", type=int, default=[16, 32, 48, 64], help="cut points (env steps)")
+    probe.add_argument("--test-fraction", type=float, default=0.3, help="episodes held out for the AUROC")
+    probe.add_argument("--time-scale", type=float, default=520.0, help="the episode step cap (time enters as t/cap)")
+    probe.add_argument("--seed", type=int, default=0)
+    probe.add_argument("--json", help="also write the report as JSON here")
+    probe.set_defaults(run=_main_of("minivla_wmrl.prefix_auroc"))
+
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")
     info.add_argument("--json", action="store_true", help="print JSON")

@@ -79,6 +79,11 @@ class Trajectory:
     query_steps: np.ndarray  # (Q,) int64
     executed: np.ndarray  # (Q,) actions executed from each query's chunk
     truncated: bool = False  # cut at `spec.horizon` before the episode ended
+    # what an outcome probe reads at no simulator cost (world_models.outcome_probe), per query: the actions
+    # sent (Q, execute_steps, action_dim) and, for diagnostics only, the simulator's privileged state
+    # flattened (Q, S; object poses included, never a policy input)
+    actions: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
+    privileged: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
 
     @property
     def num_queries(self) -> int:
@@ -97,6 +102,8 @@ class _Running:
     log_probs: list = field(default_factory=list)
     query_steps: list = field(default_factory=list)
     executed: list = field(default_factory=list)
+    actions: list = field(default_factory=list)
+    privileged: list = field(default_factory=list)
 
     def finish(self, result: StepResult | None, failure: str | None, cameras, record_frames: bool,
                truncated: bool = False) -> Trajectory:
@@ -113,7 +120,8 @@ class _Running:
             token_ids=np.asarray(self.token_ids, np.int64).reshape(-1, n),
             log_probs=np.asarray(self.log_probs, np.float32).reshape(-1, n),
             query_steps=np.asarray(self.query_steps, np.int64), executed=np.asarray(self.executed, np.int64),
-            truncated=truncated)
+            truncated=truncated, actions=np.asarray(self.actions, np.float32),
+            privileged=np.asarray(self.privileged, np.float32))
 
 
 def _policy_images(observations: Sequence[Observation], cameras: tuple[str, ...]) -> np.ndarray:
@@ -237,6 +245,10 @@ class RolloutEngine:
                 episode.token_ids.append(token_ids[j])
                 episode.log_probs.append(log_probs[j])
                 episode.query_steps.append(episode.steps)
+                episode.actions.append(np.asarray(actions[i], np.float32))
+                state = episode.observation.state
+                episode.privileged.append(np.concatenate([np.ravel(state[k]) for k in sorted(state)]) if state
+                                          else np.zeros(0, np.float32))
             return actions
 
         def apply(results: list[StepResult | None]) -> None:

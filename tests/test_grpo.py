@@ -13,6 +13,7 @@ import torch
 from envs.libero_env import LiberoEnv
 from envs.vector_env import VectorEnv
 from minivla_wmrl.config import config_from_dict
+from minivla_wmrl.data.replay import read_replay
 from minivla_wmrl.train.grpo import REWARD_MODES, GRPORecipe, train_grpo
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
@@ -92,6 +93,9 @@ def test_two_steps_in_every_reward_mode(envs, checkpoints, tmp_path, mode):
         assert "calibration_auroc" not in last
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
+    # every rollout ran to its end: all of them are in the replay store, with their real outcomes
+    replay = read_replay([tmp_path / "replay" / "step_0000002.hdf5"])
+    assert len(replay) == 4 and not any(t.success for t in replay) and all(t.length == EPISODE_STEPS for t in replay)
     checkpoint = tmp_path / "checkpoints" / "step_0000002"
     assert (checkpoint / "model.safetensors").exists() and (checkpoint / "world_model" / "config.json").exists()
 
@@ -299,6 +303,7 @@ def test_truncated_run_logs_its_accounting_and_resumes_exactly(envs, checkpoints
     counting = CountingEnvs(envs)
     full = train_grpo(truncated(checkpoints, tmp_path / "full"), envs=counting, progress=False)
     assert full["history"][-1]["real_steps"] == counting.executed == 2 * 48
+    assert len(read_replay([tmp_path / "full" / "replay"])) == 2 * 2  # the anchors only: cut rollouts have no outcome
     for r in full["history"]:
         assert (r["step_real_steps"], r["step_real_steps_full"], r["step_real_steps_horizon"],
                 r["step_truncated_episodes"], r["cut_rollouts"]) == (48, 32, 16, 2, 2)

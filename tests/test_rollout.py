@@ -9,6 +9,7 @@ import torch
 
 from envs.libero_env import LiberoEnv
 from envs.vector_env import VectorEnv
+from minivla_wmrl.prefix_auroc import probe_episode
 from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
@@ -88,6 +89,13 @@ def test_queries_are_batched_and_recorded(short_envs, policy):
         assert t.token_ids.shape == t.log_probs.shape == (3, 7)
         assert list(t.query_steps) == [0, 8, 16] and list(t.executed) == [8, 8, 8]
         assert np.all(t.log_probs <= 0) and np.all(np.isfinite(t.log_probs))
+        # what an outcome probe reads: the actions sent, and the simulator state (objects and robot)
+        assert t.actions.shape == (3, 8, 7) and t.privileged.ndim == 2 and t.privileged.shape[0] == 3
+        assert t.privileged.shape[1] > 10 and not np.allclose(t.privileged[0], t.privileged[-1])  # the arm moved
+        assert probe_episode(t).features.shape == (3, 5) and probe_episode(t, "privileged").features.shape[0] == 3
+    decoded = policy.decode_tokens(torch.as_tensor(trajectories[0].token_ids),
+                                   torch.zeros(3, 7)).actions  # the chunk each query decoded to
+    np.testing.assert_allclose(trajectories[0].actions, np.asarray(decoded)[:, :8], atol=1e-5)
     # The RL contract: re-scoring the recorded frames and tokens gives the recorded log-probs.
     t = trajectories[0]
     log_probs, _ = policy.score(t.frames, [t.instruction] * 3, torch.as_tensor(t.token_ids), temperature=1.0)

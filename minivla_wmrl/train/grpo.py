@@ -51,6 +51,7 @@ from minivla_wmrl.config import Range, Seed, check_config, load_recipe
 from minivla_wmrl.distributed import init_distributed
 from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
                                shard_policy)
+from minivla_wmrl.data.replay import write_replay
 from minivla_wmrl.data.trajectories import LabelledTrajectory, rollout_trajectories
 from minivla_wmrl.init_states import VALIDATION_SEED_BASE, select_rl_init_states, vector_training_init_states
 from minivla_wmrl.policy.checkpoint import write_policy
@@ -676,6 +677,7 @@ class GRPOTrainer:
         t0, before = time.perf_counter(), dict(self.counters)
         with full_parameters(self.policy):
             batch = self.rollouts()
+        self.keep_replay(batch)
         t1 = time.perf_counter()
         inputs = self.world_model_inputs(batch)
         prefixes = self.world_model_inputs(batch, grpo.wm_horizon) if batch.early is not None else inputs
@@ -714,6 +716,13 @@ class GRPOTrainer:
             "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
         }
         return record
+
+    def keep_replay(self, batch: StepBatch) -> None:
+        """Put the step's rollouts that ran to their end in the replay store (`OUT/replay/`), where
+        outcome probes learn from every real-labelled episode (each process its own)."""
+        rank = f"_rank{self.dist.rank}" if self.dist.world_size > 1 else ""
+        write_replay(self.out / "replay" / f"step_{self.step + 1:07d}{rank}.hdf5", batch.trajectories,
+                     f"grpo step {self.step + 1}")
 
     def check_validation(self) -> dict:
         """Run the validation episodes with the current policy (split across processes under

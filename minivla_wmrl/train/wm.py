@@ -208,7 +208,10 @@ class WorldModelTrainer:
 
 
 def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
-    """Run a policy on RL training init states of each task and save the real-labelled trajectories."""
+    """Run a policy on RL training init states of each task and save the real-labelled trajectories
+    (their frames at `out`, for the world model; their policy signals in the replay store beside it,
+    `replay/collect.hdf5`, for outcome probes)."""
+    from minivla_wmrl.data.replay import write_replay
     from envs.factory import env_factory
     from envs.vector_env import VectorEnv
     from minivla_wmrl.init_states import vector_training_init_states
@@ -217,7 +220,7 @@ def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
 
     policy = MiniVLA.from_pretrained(collect.checkpoint)
     cameras = ("agentview", "wrist")[:policy.config.num_images]
-    labelled = []
+    labelled, executed = [], []
     for task in collect.tasks:
         factory = env_factory(collect.suite, task, cameras, collect.image_convention, collect.max_steps,
                               gym=collect.gym)
@@ -225,7 +228,9 @@ def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
             states = vector_training_init_states(envs, 0, collect.episodes_per_task)
             specs = [EpisodeSpec(envs.infos[0].task_id, state, seed=k) for k, state in enumerate(states)]
             engine = RolloutEngine(policy, envs, RolloutConfig(collect.execute_steps, collect.temperature))
-            labelled += rollout_trajectories(engine.run(specs, desc=f"collect {collect.suite}/{task}"), size)
+            executed += engine.run(specs, desc=f"collect {collect.suite}/{task}")
+    labelled = rollout_trajectories(executed, size)
+    write_replay(Path(out).parent / "replay" / "collect.hdf5", executed, "collect")
     return save_trajectories(out, labelled)
 
 
