@@ -58,6 +58,7 @@ class EnvInfo:
     max_steps: int  # the episode cap after the wait steps
     num_init_states: int | None  # None when init states are generated from seeds
     cameras: tuple[str, ...]  # the camera names rendered into observations
+    reset_steps: int = 0  # simulator steps every reset runs before the episode (LIBERO: its 10 wait steps)
 
     @classmethod
     def of(cls, env: RobotEnv) -> EnvInfo:
@@ -66,7 +67,10 @@ class EnvInfo:
 
 class RobotEnv(ABC):
     """A robot environment behind the project's interface. Implementations set the attributes
-    that `EnvInfo` lists (task_id, instruction, action_dim, max_steps, num_init_states, cameras)."""
+    that `EnvInfo` lists (task_id, instruction, action_dim, max_steps, num_init_states, cameras;
+    reset_steps when a reset runs the simulator)."""
+
+    reset_steps = 0
 
     def __init__(self) -> None:
         self._begin_episode()

@@ -244,7 +244,7 @@ class LiberoEnv(RobotEnv):
         if self.resolution < 1:  # 0 once fell back to the convention's 224 px
             raise ValueError(f"camera resolution must be >= 1 pixel, got {resolution}")
         self.max_steps = max_steps or SUITE_MAX_STEPS[suite]
-        self.num_wait_steps = num_wait_steps
+        self.num_wait_steps = self.reset_steps = num_wait_steps
         self.render_every_step = render_every_step
         self._render_next = render_every_step
         self._rendered_last_step = False

@@ -14,7 +14,7 @@ from envs.libero_env import LiberoEnv
 from envs.vector_env import VectorEnv
 from minivla_wmrl.config import config_from_dict
 from minivla_wmrl.data.replay import read_replay
-from minivla_wmrl.train.grpo import REWARD_MODES, GRPORecipe, train_grpo
+from minivla_wmrl.train.grpo import REWARD_MODES, GRPORecipe, GRPOTrainer, train_grpo
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
@@ -262,7 +262,6 @@ def truncated(checkpoints, out, **grpo) -> GRPORecipe:
 
 def test_truncated_execution_runs_anchors_to_the_cap_and_cuts_the_rest(envs, checkpoints, tmp_path):
     from minivla_wmrl.data.trajectories import rollout_trajectories
-    from minivla_wmrl.train.grpo import GRPOTrainer
 
     counting = CountingEnvs(envs)
     trainer = GRPOTrainer(truncated(checkpoints, tmp_path), envs=counting, progress=False)
@@ -317,6 +316,27 @@ def test_truncated_run_logs_its_accounting_and_resumes_exactly(envs, checkpoints
     for (name, p), q in zip(full["trainer"].policy.named_parameters(), resumed["trainer"].policy.parameters()):
         assert torch.allclose(p, q, atol=1e-6), name
     assert full["trainer"].debiaser.state_dict() == resumed["trainer"].debiaser.state_dict()
+
+
+def test_sim_steps_count_every_physics_step_the_simulator_ran(checkpoints, tmp_path, monkeypatch):
+    """A counting wrapper on robosuite's own step sees the wait steps of every reset too."""
+    import robosuite.environments.base
+
+    from envs.vector_env import InlineEnvs
+
+    calls = []
+    step = robosuite.environments.base.MujocoEnv.step
+    monkeypatch.setattr(robosuite.environments.base.MujocoEnv, "step",
+                        lambda self, action: calls.append(1) or step(self, action))
+    envs = InlineEnvs([functools.partial(LiberoEnv, *TASK0, cameras=("agentview",), max_steps=EPISODE_STEPS)] * 2)
+    try:
+        trainer = GRPOTrainer(truncated(checkpoints, tmp_path), envs=envs, progress=False)
+        calls.clear()  # building the envs ran the simulator too; count what the step does
+        trainer.rollouts()
+    finally:
+        envs.close()
+    assert trainer.counters["sim_steps"] == len(calls) == 48 + 4 * 10  # 4 resets of 10 wait steps each
+    assert trainer.counters["real_steps"] == 48
 
 
 def test_truncated_settings_are_checked(envs, checkpoints, tmp_path):

@@ -347,7 +347,7 @@ class GRPOTrainer:
             print("grpo: every rollout is an anchor (anchor_fraction 1): the anchor weight scales all advantages "
                   "alike and Adam cancels it; set anchor_fraction < 1 for denoising to act", file=sys.stderr)
         self.weighter = InverseVarianceWeighter(**asdict(recipe.denoise))
-        self.step, self.counters = 0, {"real_steps": 0, "real_episodes": 0, "real_labels_used": 0,
+        self.step, self.counters = 0, {"real_steps": 0, "sim_steps": 0, "real_episodes": 0, "real_labels_used": 0,
                                        "real_steps_full": 0, "real_steps_horizon": 0, "truncated_episodes": 0,
                                        "validation_episodes": 0, "validation_real_steps": 0}
 
@@ -474,10 +474,13 @@ class GRPOTrainer:
     def _count(self, todo: list[PlannedRollout], summaries: dict) -> None:
         """Real-simulator episodes and steps as the envs executed them, split into rollouts free to
         run to success or the cap (all under full execution, the anchors under truncated) and
-        rollouts cut at `wm_horizon`; `truncated_episodes`: those actually cut."""
+        rollouts cut at `wm_horizon`; `truncated_episodes`: those actually cut. `sim_steps` adds the
+        steps every reset runs (LIBERO's wait steps): all the simulator did."""
+        reset_steps = {info.task_id: info.reset_steps for info in self.envs.infos}
         for k, planned in enumerate(todo):
             self.counters["real_episodes"] += 1
             self.counters["real_steps"] += summaries[k].length
+            self.counters["sim_steps"] += summaries[k].length + reset_steps[planned.spec.task_id]
             self.counters["real_steps_full" if planned.spec.horizon is None
                           else "real_steps_horizon"] += summaries[k].length
             self.counters["truncated_episodes"] += int(summaries[k].truncated)
@@ -711,8 +714,9 @@ class GRPOTrainer:
             "wm_score_mean": float(np.nanmean(scores)) if valid.any() else float("nan"),
             **log, "samples": len(samples), **update, "wm_loss": wm_loss,
             "resampled_groups": batch.resampled_groups, "skipped_groups": batch.skipped_groups, **self.counters,
-            **{f"step_{k}": self.counters[k] - before[k] for k in ("real_episodes", "real_steps", "real_steps_full",
-                                                                 "real_steps_horizon", "truncated_episodes")},
+            **{f"step_{k}": self.counters[k] - before[k] for k in (
+                "real_episodes", "real_steps", "sim_steps", "real_steps_full", "real_steps_horizon",
+                "truncated_episodes")},
             "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
         }
         return record
