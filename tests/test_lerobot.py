@@ -118,6 +118,98 @@ def test_bad_lerobot_datasets_are_named(tmp_path):
     assert not (tmp_path / "empty").exists()
 
 
+def _two_episodes(version: str, out, cameras=("observation.images.image",)):
+    rng = np.random.default_rng(0)
+    episodes = [{"task": task, "frames": {"action": rng.normal(size=(n, 7)).astype(np.float32),
+                                          **{c: rng.integers(0, 255, (n, 8, 8, 3), np.uint8) for c in cameras}}}
+                for task, n in (("open the drawer", 9), ("close the drawer", 6))]
+    return write_lerobot(out, episodes, fps=10, version=version)
+
+
+def test_tasks_are_written_as_lerobot_keeps_them_and_read_either_way(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = _two_episodes("v3.0", tmp_path / "ours")
+    table = pq.read_table(root / "meta" / "tasks.parquet")  # LeRobot: the task string is the pandas index
+    assert table.column_names == ["task_index", "__index_level_0__"]
+    assert json.loads(table.schema.metadata[b"pandas"])["index_columns"] == ["__index_level_0__"]
+    assert LeRobotDataset(root).task_of == {0: "open the drawer", 1: "close the drawer"}
+    pq.write_table(pa.table({"task_index": [0, 1], "task": ["open the drawer", "close the drawer"]}),
+                   root / "meta" / "tasks.parquet")  # the plain-column layout of older writers
+    assert LeRobotDataset(root).task_of == {0: "open the drawer", 1: "close the drawer"}
+    data = pq.read_schema(root / "data" / "chunk-000" / "file-000.parquet")  # types its embedded features declare
+    assert str(data.field("action").type) == "fixed_size_list<element: float>[7]"
+    assert str(data.field("observation.images.image").type) == "struct<bytes: binary, path: string>"
+
+
+def test_lerobots_own_libero_wrist_camera_name_is_known(tmp_path):
+    root = _two_episodes("v3.0", tmp_path / "image2", ("observation.images.image", "observation.images.image2"))
+    assert LeRobotDataset(root).image_key("eye_in_hand_rgb") == "observation.images.image2"
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("uneven_actions", r"holds lists of different lengths \(\[6, 7, 8\]\)"),
+    ("rows_lost", "episode 0 has 7 frames in the data but length 9 in meta"),
+    ("episode_line_lost", "meta lists episodes .* or the data holds episodes \\[1\\]"),
+    ("total_frames", "info.json: total_frames is 99 but the data holds 15"),
+    ("not_png", "episode 0 frame 0 of observation.images.image is not a readable image"),
+    ("null_image", "episode 0 frame 0 of observation.images.image holds no image bytes"),
+    ("action_absent", "meta/info.json declares 'action' but .* has no such column"),
+    ("labelled_v3", "a v2.1 dataset labelled v3.0"),
+    ("no_episode_meta", "meta/episodes/ holds no parquet files"),
+])
+def test_inconsistent_lerobot_data_is_named_before_training(tmp_path, damage, message):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    version = "v2.1" if damage in ("episode_line_lost", "labelled_v3") else "v3.0"
+    root = _two_episodes(version, tmp_path / "set")
+    data = sorted((root / "data").glob("chunk-*/*.parquet"))[0]
+    table = pq.read_table(data)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    if damage == "uneven_actions":
+        lists = [list(r) for r in table.column("action").to_pylist()]
+        lists[0], lists[1] = lists[0][:6], lists[1] + [0.0]
+        pq.write_table(table.set_column(table.column_names.index("action"), "action", pa.array(lists)), data)
+    elif damage == "rows_lost":
+        pq.write_table(table.slice(2), data)  # frames 0-1 of episode 0 gone: frame_index no longer starts at 0
+        table = pq.read_table(data)
+        frames = pa.array([i for i in range(7)] + list(range(6)))
+        pq.write_table(table.set_column(table.column_names.index("frame_index"), "frame_index", frames), data)
+    elif damage == "episode_line_lost":
+        lines = (root / "meta" / "episodes.jsonl").read_text().splitlines()
+        (root / "meta" / "episodes.jsonl").write_text(lines[0] + "\n")
+    elif damage == "total_frames":
+        (root / "meta" / "info.json").write_text(json.dumps(info | {"total_frames": 99}))
+    elif damage in ("not_png", "null_image"):
+        images = table.column("observation.images.image").to_pylist()
+        images[0] = {"bytes": b"not a png" if damage == "not_png" else None, "path": None}
+        column = pa.array(images, table.schema.field("observation.images.image").type)
+        pq.write_table(table.set_column(table.column_names.index("observation.images.image"),
+                                        "observation.images.image", column), data)
+    elif damage == "action_absent":
+        pq.write_table(table.drop(["action"]), data)
+    elif damage == "labelled_v3":
+        (root / "meta" / "info.json").write_text(json.dumps(info | {"codebase_version": "v3.0"}))
+    elif damage == "no_episode_meta":
+        for path in (root / "meta" / "episodes").glob("*/*.parquet"):
+            path.unlink()
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        episodes = read_episodes([root], 2, image_key="agentview_rgb")
+        DemoDataset(episodes, ActionStatistics.from_actions(np.concatenate([e.actions for e in episodes]), 2),
+                    image_size=8, image_key="agentview_rgb")[0]
+
+
+def test_episodes_of_different_frame_shapes_are_refused_when_written(tmp_path):
+    episodes = [{"task": "t", "frames": {"action": np.zeros((3, 7), np.float32),
+                                         "observation.images.image": np.zeros((3, size, size, 3), np.uint8)}}
+                for size in (8, 16)]
+    with pytest.raises(ValueError, match="episode 1 differs from episode 0 in \\['observation.images.image'\\]"):
+        write_lerobot(tmp_path / "mixed", episodes, fps=10)
+    assert not (tmp_path / "mixed").exists()
+
+
 @pytest.mark.simulator
 def test_demos_command_writes_a_lerobot_dataset_that_trains(tmp_path):
     from minivla_wmrl.cli import main as cli

@@ -32,7 +32,8 @@ VERSIONS = ("v2.0", "v2.1", "v3.0")
 ACTION_KEYS = ("action", "actions")
 # our hdf5 image keys → the names the published LeRobot LIBERO sets use for the same camera
 IMAGE_KEYS = {"agentview_rgb": ("observation.images.image", "image"),
-              "eye_in_hand_rgb": ("observation.images.wrist_image", "wrist_image")}
+              "eye_in_hand_rgb": ("observation.images.wrist_image", "wrist_image", "observation.images.image2",
+                                  "image2")}  # image2: LeRobot's own LIBERO sets and env
 TIMESTAMP_TOLERANCE_S = 1e-4  # LeRobot's: a decoded frame farther than this from the asked time is an error
 CHUNK_SIZE = 1000  # LeRobot's files (v3.0) or episodes (v2.1) per chunk directory
 
@@ -50,6 +51,44 @@ def _libraries():
 
 def is_lerobot_dataset(path: Path) -> bool:
     return (Path(path) / "meta" / "info.json").is_file()
+
+
+def _read_tasks(path: Path) -> dict[int, str]:
+    """v3.0 `meta/tasks.parquet` → {task_index: task}. LeRobot keeps the task string as the pandas index
+    of the table (stored as `__index_level_0__`, or under the index's name); older writers (and ours
+    before) as a `task` column. Both are read."""
+    _, pq, _ = _libraries()
+    if not path.is_file():
+        labelled_wrong = (path.parent / "tasks.jsonl").is_file()
+        hint = " (meta/tasks.jsonl is there: a v2.1 dataset labelled v3.0?)" if labelled_wrong else ""
+        raise FileNotFoundError(f"LeRobot dataset file {path} does not exist{hint}")
+    table = pq.read_table(path)
+    pandas = json.loads((table.schema.metadata or {}).get(b"pandas", b"{}"))
+    index = [c for c in pandas.get("index_columns", []) if isinstance(c, str)]
+    column = next((c for c in ("task", *index, "__index_level_0__") if c in table.column_names), None)
+    if column is None or "task_index" not in table.column_names:
+        raise ValueError(f"{path}: columns {table.column_names}; expected task_index and the task strings (a 'task' "
+                         "column or the pandas index LeRobot writes)")
+    return dict(zip(table.column("task_index").to_pylist(), table.column(column).to_pylist()))
+
+
+def _write_tasks(path: Path, tasks: dict[str, int]) -> None:
+    """`meta/tasks.parquet` as LeRobot writes it (pandas' `to_parquet` of a frame indexed by the task
+    string): `task_index` and `__index_level_0__`, with the pandas metadata that makes the string the
+    index again. Written with pyarrow (pandas is not a dependency); the metadata is pandas' own format."""
+    pa, pq, _ = _libraries()
+    column = lambda name, field, kind, numpy: {"name": name, "field_name": field, "pandas_type": kind,  # noqa: E731
+                                               "numpy_type": numpy, "metadata": None}
+    pandas = {"index_columns": ["__index_level_0__"],
+              "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
+                                  "metadata": {"encoding": "UTF-8"}}],
+              "columns": [column("task_index", "task_index", "int64", "int64"),
+                          column(None, "__index_level_0__", "unicode", "object")],
+              "attributes": {}, "creator": {"library": "pyarrow", "version": pa.__version__},
+              "pandas_version": "2.2.3"}
+    table = pa.table({"task_index": pa.array(list(tasks.values()), pa.int64()),
+                      "__index_level_0__": pa.array(list(tasks), pa.string())})
+    pq.write_table(table.replace_schema_metadata({b"pandas": json.dumps(pandas).encode()}), path)
 
 
 def _read_json(path: Path) -> dict:
@@ -81,9 +120,12 @@ class LeRobotDataset:
         self.features, self.fps = self.info.get("features", {}), self.info.get("fps")
         self.action_key = next((k for k in ACTION_KEYS if k in self.features), None)  # None: e.g. exported rollouts
         if self.version == "v3.0":
-            table = pq.read_table(self.root / "meta" / "tasks.parquet")
-            self.tasks = dict(zip(table.column("task_index").to_pylist(), table.column("task").to_pylist()))
-            episode_meta = pq.read_table(sorted((self.root / "meta" / "episodes").glob("*/*.parquet"))).to_pylist()
+            self.tasks = _read_tasks(self.root / "meta" / "tasks.parquet")
+            episode_files = sorted((self.root / "meta" / "episodes").glob("*/*.parquet"))
+            if not episode_files:
+                raise FileNotFoundError(f"{self.root}: meta/episodes/ holds no parquet files; a v3.0 dataset lists "
+                                        "its episodes (lengths, video files) there")
+            episode_meta = pq.read_table(episode_files).to_pylist()
         else:
             self.tasks = {t["task_index"]: t["task"] for t in _jsonl(self.root / "meta" / "tasks.jsonl")}
             episode_meta = _jsonl(self.root / "meta" / "episodes.jsonl")
@@ -91,6 +133,11 @@ class LeRobotDataset:
         files = sorted((self.root / "data").glob("chunk-*/*.parquet"))
         if not files:
             raise FileNotFoundError(f"{self.root}/data holds no parquet files")
+        if self.action_key is not None:
+            missing = [f for f in files if self.action_key not in pq.read_schema(f).names]
+            if missing:
+                raise ValueError(f"{self.root}: meta/info.json declares '{self.action_key}' but {missing[0]} has no "
+                                 f"such column")
         self.rows: dict[int, tuple[Path, np.ndarray]] = {}  # episode → (data file, its rows there in frame order)
         self.actions: dict[int, np.ndarray] = {}
         self.task_of: dict[int, str] = {}
@@ -112,6 +159,24 @@ class LeRobotDataset:
                 if int(tasks[rows[0]]) not in self.tasks:
                     raise ValueError(f"{file}: episode {episode} has task_index {tasks[rows[0]]}, not in the tasks")
                 self.task_of[int(episode)] = self.tasks[int(tasks[rows[0]])]
+        self._check_against_metadata()
+
+    def _check_against_metadata(self) -> None:
+        """The data holds exactly the episodes and frames the metadata says (rows lost from a parquet
+        file, or a meta line lost, once trained on silently)."""
+        listed, held = set(self.episode_meta), set(self.rows)
+        if listed != held:
+            raise ValueError(f"{self.root}: meta lists episodes {sorted(listed - held)[:5]} that the data lacks, or "
+                             f"the data holds episodes {sorted(held - listed)[:5]} the meta does not list; "
+                             f"expected the same {len(listed)} episodes in both")
+        for episode, meta in self.episode_meta.items():
+            if meta.get("length") is not None and meta["length"] != len(self.rows[episode][1]):
+                raise ValueError(f"{self.root}: episode {episode} has {len(self.rows[episode][1])} frames in the data "
+                                 f"but length {meta['length']} in meta")
+        frames = sum(len(rows) for _, rows in self.rows.values())
+        for key, actual in (("total_episodes", len(held)), ("total_frames", frames)):
+            if self.info.get(key) is not None and self.info[key] != actual:
+                raise ValueError(f"{self.root}/meta/info.json: {key} is {self.info[key]} but the data holds {actual}")
 
     @property
     def episodes(self) -> list[int]:
@@ -131,7 +196,9 @@ class LeRobotDataset:
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         if self.features[name]["dtype"] == "image":
             file, rows = self.rows[episode]
-            return np.stack([_png(blob) for blob in _column(file, name).take(rows[indices]).to_pylist()])
+            blobs = _column(file, name).take(rows[indices]).to_pylist()
+            return np.stack([_png(blob, f"{file}: episode {episode} frame {i} of {name}")
+                             for i, blob in zip(indices, blobs)])
         video, start = self._video(episode, name)
         return decode_frames(video, start + indices / self.fps)
 
@@ -150,8 +217,11 @@ def _vectors(column, where: str) -> np.ndarray:
     """A parquet column of fixed-length number lists (list or fixed_size_list) → (rows, length) float64."""
     flat = column.combine_chunks()
     values = flat.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
-    if len(flat) and values.size % len(flat):
-        raise ValueError(f"{where} holds lists of different lengths; expected one fixed-length vector per frame")
+    lengths = flat.value_lengths().to_numpy(zero_copy_only=False) if hasattr(flat, "value_lengths") else None
+    if len(flat) and (values.size % len(flat) or (lengths is not None and len(set(lengths.tolist())) > 1)):
+        found = sorted(set(lengths.tolist())) if lengths is not None else "uneven"
+        raise ValueError(f"{where} holds lists of different lengths ({found}); expected one fixed-length vector "
+                         "per frame")
     return values.reshape(len(flat), -1) if len(flat) else np.zeros((0, 0))
 
 
@@ -162,11 +232,16 @@ def _column(file: Path, name: str):
     return pq.read_table(file, columns=[name], memory_map=True).column(name)
 
 
-def _png(blob) -> np.ndarray:
-    from PIL import Image
+def _png(blob, where: str) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
 
-    data = blob["bytes"] if isinstance(blob, dict) else blob
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    data = blob.get("bytes") if isinstance(blob, dict) else blob
+    if not data:
+        raise ValueError(f"{where} holds no image bytes (null)")
+    try:
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"{where} is not a readable image ({error})") from None
 
 
 def decode_frames(path: Path, timestamps: np.ndarray) -> np.ndarray:
@@ -251,12 +326,17 @@ def write_lerobot(out: Path, episodes: Iterable[dict], fps: int, version: str = 
         for index, episode in enumerate(episodes):
             columns = episode["frames"]
             length = len(next(iter(columns.values())))
+            declared = {k: _feature(np.asarray(v), video, fps) for k, v in columns.items()}
             if features is None:
-                features = {k: _feature(np.asarray(v), video, fps) for k, v in columns.items()}
+                features = declared
+            elif declared != features:  # info.json declares one shape per feature: every episode must have it
+                changed = sorted(k for k in set(features) | set(declared) if features.get(k) != declared.get(k))
+                raise ValueError(f"write_lerobot {out}: episode {index} differs from episode 0 in {changed} "
+                                 f"({[declared.get(k, {}).get('shape') for k in changed]} vs "
+                                 f"{[features.get(k, {}).get('shape') for k in changed]}); a dataset declares one "
+                                 "shape per feature")
             task_index = tasks.setdefault(episode["task"], len(tasks))
-            data = {k: (pa.array([{"bytes": _png_bytes(f), "path": None} for f in v]) if v.ndim == 4 and not video
-                        else pa.array(list(v)) if v.ndim > 1 else pa.array(v))
-                    for k, v in columns.items() if not (v.ndim == 4 and video)}
+            data = {k: _column_array(np.asarray(v)) for k, v in columns.items() if not (v.ndim == 4 and video)}
             data |= {"timestamp": pa.array(np.arange(length, dtype=np.float32) / fps),
                      "frame_index": pa.array(np.arange(length)), "episode_index": pa.array(np.full(length, index)),
                      "index": pa.array(np.arange(total, total + length)),
@@ -296,6 +376,20 @@ def write_lerobot(out: Path, episodes: Iterable[dict], fps: int, version: str = 
     return Path(out)
 
 
+
+def _column_array(values: np.ndarray):
+    """A feature's parquet column with the types its embedded `datasets` features declare (readers that
+    trust the embedded features, as lerobot 0.3's v2.1 path does, need them to match): images as
+    struct<bytes: binary, path: string>, vectors as fixed-size lists, scalars as themselves."""
+    pa, _, _ = _libraries()
+    if values.ndim == 4:
+        struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        return pa.array([{"bytes": _png_bytes(f), "path": None} for f in values], struct)
+    if values.ndim == 2:
+        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+    return pa.array(list(values)) if values.ndim > 2 else pa.array(values)
+
+
 def _png_bytes(image: np.ndarray) -> bytes:
     from PIL import Image
 
@@ -324,8 +418,7 @@ def _write_tables(root: Path, version: str, tables: list, episode_rows: list[dic
     if version == "v3.0":
         (root / "data" / "chunk-000").mkdir(parents=True)
         pq.write_table(with_meta(pa.concat_tables(tables)), root / "data" / "chunk-000" / "file-000.parquet")
-        pq.write_table(pa.table({"task_index": list(tasks.values()), "task": list(tasks)}),
-                       root / "meta" / "tasks.parquet")
+        _write_tasks(root / "meta" / "tasks.parquet", tasks)
         flat = [{k: v for k, v in row.items() if k != "stats"} | {"data/chunk_index": 0, "data/file_index": 0}
                 | {f"stats/{feature}/{name}": value for feature, stats in row["stats"].items()
                    for name, value in stats.items()} for row in episode_rows]
@@ -381,7 +474,7 @@ def iter_hdf5_demos(paths: list[Path]) -> Iterator[dict]:
                 if "ee_states" in obs and "gripper_states" in obs:
                     frames["observation.state"] = np.concatenate([obs["ee_states"], obs["gripper_states"]],
                                                                  axis=1).astype(np.float32)
-                for ours, (theirs, _) in IMAGE_KEYS.items():
+                for ours, (theirs, *_) in IMAGE_KEYS.items():  # the first name: the published sets' own
                     if ours in obs:
                         frames[theirs] = np.ascontiguousarray(np.asarray(obs[ours])[:, ::-1, ::-1])
                 yield {"task": instruction, "frames": frames}
