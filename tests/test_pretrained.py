@@ -90,9 +90,12 @@ def test_lora_adapters_export_alone_in_peft_format(tmp_path):
         for name, parameter in policy.llm.named_parameters():
             if "lora_B" in name:
                 parameter.normal_()
-    policy.save_adapter(tmp_path / "adapter")
+    with pytest.raises(ValueError, match="name the one its adapters belong to"):
+        policy.save_adapter(tmp_path / "adapter")  # built in code: its base is unknown
+    policy.save_adapter(tmp_path / "adapter", base_model="runs/demo/sft/final")
     assert {p.name for p in (tmp_path / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
-    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["base_model_name_or_path"] == "runs/demo/sft/final"
 
     base = Qwen2ForCausalLM(Qwen2Config(**policy.config.llm))
     base.load_state_dict(base_weights)
@@ -100,3 +103,19 @@ def test_lora_adapters_export_alone_in_peft_format(tmp_path):
     ids = torch.arange(12)[None] % len(policy.tokenizer)
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, policy.llm.eval()(input_ids=ids).logits)
+
+
+def test_model_cards_say_what_the_model_is_its_base_data_and_evaluation(tmp_path):
+    policy = make_policy(seed=7)
+    policy.save_pretrained(tmp_path / "sft")
+    card = (tmp_path / "sft" / "README.md").read_text()
+    assert "A MiniVLA policy (" in card and "Base**: none (trained from its config)" in card
+    assert "statistics of" in card and "Evaluation**: none recorded" in card
+    loaded = MiniVLA.from_pretrained(tmp_path / "sft")
+    info = tmp_path / "eval_info.json"
+    info.write_text(json.dumps({"overall": {"successes": 17, "trials": 30, "success_rate": 17 / 30},
+                                "settings": {"suite": "libero_90"}}))
+    loaded.save_pretrained(tmp_path / "grpo", model_card_kwargs={"evaluation": str(info)})
+    card = (tmp_path / "grpo" / "README.md").read_text()
+    assert f"Base**: {tmp_path / 'sft'}" in card and "17/30 = 56.7% success on libero_90" in card
+    assert "MiniVLA.from_pretrained" in card

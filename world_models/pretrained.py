@@ -34,9 +34,16 @@ MODEL_CARD = """---
 {{ card_data }}
 ---
 
-A minivla-wmrl checkpoint: safetensors weights and a JSON config. Load it
-with `from_pretrained` of its class: `minivla_wmrl.policy.MiniVLA` (a policy),
-`minivla_wmrl.action_tokenizer.ActionTokenizer` or `world_models.progress_model.ProgressWorldModel`.
+# {{ title }}
+
+{{ what }}
+
+- **Base**: {{ base }}
+- **Training data**: {{ data }}
+- **Evaluation**: {{ evaluation }}
+
+Load it with `{{ loader }}.from_pretrained(directory_or_repo_id)` from the minivla-wmrl package
+(safetensors weights and a JSON config).
 """
 
 
@@ -46,6 +53,31 @@ class Pretrained(ModelHubMixin, library_name="minivla-wmrl", tags=["robotics", "
     method `load(directory, **options)`, which reads and checks their own config.json."""
 
     _pretrained_kind = "model"
+    source: str | None = None  # the directory or Hub repo id it was loaded from (None: built in code)
+
+    def card_facts(self) -> dict:
+        """What the model card says (subclasses add their own): what it is, its base, data, evaluation."""
+        return {"what": f"A minivla-wmrl {self._pretrained_kind}.",
+                "base": self.source or "none (built from its config)", "data": "not recorded"}
+
+    def generate_model_card(self, *args, evaluation: str | Path | None = None, **kwargs):
+        """A card that says what the model is, its base, its training data and, when `save_pretrained(...,
+        model_card_kwargs={"evaluation": "path/to/eval_info.json"})` names one, its evaluation."""
+        import json
+
+        from huggingface_hub import ModelCard
+
+        facts = self.card_facts() | {"evaluation": "none recorded with this save"}
+        if evaluation is not None:
+            info = json.loads(Path(evaluation).read_text())
+            overall = info["overall"]
+            facts["evaluation"] = (f"{overall['successes']}/{overall['trials']} = {overall['success_rate']:.1%} "
+                                   f"success on {info['settings']['suite']} ({evaluation})")
+        cls = type(self)
+        return ModelCard.from_template(card_data=self._hub_mixin_info.model_card_data,
+                                       template_str=self._hub_mixin_info.model_card_template,
+                                       title=f"{cls.__name__} ({self._pretrained_kind})",
+                                       loader=f"{cls.__module__}.{cls.__name__}", **facts)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, force_download: bool = False,
@@ -56,4 +88,6 @@ class Pretrained(ModelHubMixin, library_name="minivla-wmrl", tags=["robotics", "
         directory = pretrained_directory(pretrained_model_name_or_path, cls._pretrained_kind, revision=revision,
                                          cache_dir=cache_dir, force_download=force_download,
                                          local_files_only=local_files_only, token=token)
-        return cls.load(directory, **options)
+        model = cls.load(directory, **options)
+        model.source = str(pretrained_model_name_or_path)
+        return model

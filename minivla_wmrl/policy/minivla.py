@@ -178,11 +178,29 @@ class MiniVLA(nn.Module, AtomicPretrained):
 
         return load_policy(directory, device, dtype)
 
-    def save_adapter(self, directory: Path) -> None:
+    def card_facts(self) -> dict:
+        parameters = sum(p.numel() for p in self.parameters())
+        statistics = self.statistics
+        return {"what": f"A MiniVLA policy ({parameters / 1e6:.1f} M parameters: fused DINOv2/SigLIP vision, "
+                        f"Qwen2 language model, {self.config.num_action_tokens} residual-VQ action tokens per "
+                        f"chunk of {self.action_tokenizer.config.chunk_len} actions).",
+                "base": self.source or "none (trained from its config)",
+                "data": (f"actions normalised by the statistics of {statistics.num_trajectories} demonstrations "
+                         f"({statistics.num_transitions} transitions)" if statistics is not None else "not recorded")}
+
+    def save_adapter(self, directory: Path, base_model: str | None = None) -> None:
         """The language model's LoRA adapters alone, in peft's format (`adapter_config.json` +
-        `adapter_model.safetensors`): `PeftModel.from_pretrained(qwen2, directory)` loads them."""
+        `adapter_model.safetensors`): `PeftModel.from_pretrained(policy.llm, directory)` loads them
+        onto the language model of `base_model` (default: the checkpoint this policy was loaded
+        from), which `adapter_config.json` records as `base_model_name_or_path`."""
         if not getattr(self, "lora", None):
             raise ValueError("this policy has no LoRA adapters to export (it was trained without lora)")
+        base = base_model or self.source
+        if base is None:
+            raise ValueError("save_adapter: this policy was not loaded from a checkpoint; name the one its adapters "
+                             "belong to: save_adapter(directory, base_model=path_or_hub_id)")
+        for config in self.llm.peft_config.values():
+            config.base_model_name_or_path = str(base)
         with replaced_directory(Path(directory), "save_adapter") as tmp:
             self.llm.save_pretrained(tmp)
 
