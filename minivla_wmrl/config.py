@@ -42,6 +42,30 @@ class Range:
         return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None) or "any number"
 
 
+@dataclasses.dataclass(frozen=True)
+class InputPath:
+    """An input path setting: a `dir` (or a Hub repo id `owner/name`), a `file`, or `either`; `names`
+    are built-in values that are not paths (e.g. the tokenizer "tiny"). Checked by `check_input_paths`."""
+
+    kind: str
+    names: tuple[str, ...] = ()
+
+    def check(self, value, where: str) -> None:
+        for item in [value] if isinstance(value, str) else list(value or []):
+            if not item or item in self.names:
+                continue
+            path = Path(item).expanduser()
+            hub_id = item.count("/") == 1 and not item.startswith((".", "/", "~"))
+            if self.kind == "file" and path.is_dir():
+                raise IsADirectoryError(f"{where}: {item} is a directory; expected a file")
+            if self.kind == "dir" and path.exists() and not path.is_dir():
+                raise NotADirectoryError(f"{where}: {item} is a file; expected a directory")
+            if not path.exists() and not (self.kind == "dir" and hub_id):
+                expected = {"file": "a file", "dir": "a directory (or a Hub repo id owner/name)",
+                            "either": "a file or a directory"}[self.kind]
+                raise FileNotFoundError(f"{where}: {item} does not exist; expected {expected}")
+
+
 Seed = Annotated[int, Range(0, below=2**32)]  # every seed reaches numpy, whose seeds are 0 <= seed < 2**32
 
 
@@ -66,6 +90,21 @@ def check_config(config, where: str = "config") -> None:
         for r in ranges:
             r.check(value, f"{where}.{f.name}")
         _check_choice(value, hint, f"{where}.{f.name}")
+
+
+def check_input_paths(config, where: str = "config") -> None:
+    """Raise naming the first input path setting of `config` (nested dataclasses included) that is
+    missing or of the wrong kind. Commands call it before any work, on the settings the user gave
+    (a pipeline before it connects its stages, whose outputs do not exist yet)."""
+    hints = typing.get_type_hints(type(config), include_extras=True)
+    for f in dataclasses.fields(config):
+        value, hint = getattr(config, f.name), hints[f.name]
+        if dataclasses.is_dataclass(value):
+            check_input_paths(value, f"{where}.{f.name}")
+        elif typing.get_origin(hint) is typing.Annotated:
+            for extra in typing.get_args(hint)[1:]:
+                if isinstance(extra, InputPath):
+                    extra.check(value, f"{where}.{f.name}")
 
 
 def _check_choice(value, hint, where: str) -> None:

@@ -30,7 +30,8 @@ from envs.factory import GYM, check_pool_settings, env_factory, env_pool
 from envs.libero_env import (CONTROL_HZ, IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, read_init_states,
                               resolve_task)
 from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.config import Range, Seed, check_config, command_line_parser, config_from_dict
+from minivla_wmrl.config import (InputPath, Range, Seed, check_config, check_input_paths, command_line_parser,
+                                 config_from_dict)
 from minivla_wmrl.init_states import evaluation_init_states
 from minivla_wmrl.outputs import check_output_dir, create_output_dir
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
@@ -84,7 +85,7 @@ class EvalProtocol:
 class EvalConfig(EvalProtocol):
     """`minivla-wmrl eval`: its command-line flags are these fields (`config.command_line_parser`)."""
 
-    checkpoint: str = field(metadata=_help("policy checkpoint directory"))
+    checkpoint: Annotated[str, InputPath("dir")] = field(metadata=_help("policy checkpoint directory"))
     suite: str = field(metadata=_help("a LIBERO suite (libero_90, libero_10, ...) or gym"))
     out: str = field(default="runs/eval", metadata=_help("output directory"))
     tasks: list[str] = field(default_factory=list, metadata=_help(
@@ -264,6 +265,7 @@ def markdown_table(info: dict) -> str:
 def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     start = time.perf_counter()
     check_config(config, "eval settings")  # before anything is written: a refused evaluation leaves no trace
+    check_input_paths(config, "eval settings")
     if config.samples_per_state > 1 and config.temperature <= 0:
         raise ValueError(f"samples_per_state {config.samples_per_state}: expected 1, or K > 1 with a temperature > 0 "
                          "(greedy samples would all be the same episode)")

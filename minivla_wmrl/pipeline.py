@@ -17,7 +17,7 @@ from typing import Annotated
 
 from envs.factory import GYM
 from minivla_wmrl.ablation import AblationConfig
-from minivla_wmrl.config import Range, load_recipe
+from minivla_wmrl.config import InputPath, Range, check_input_paths, load_recipe
 from minivla_wmrl.evaluate import EvalConfig, EvalProtocol
 from minivla_wmrl.outputs import create_output_dir, replaced_directory
 from minivla_wmrl.train.grpo import GRPORecipe
@@ -41,9 +41,9 @@ WHERE = {
 class Weights:
     """User-provided weights; all null trains from scratch (the small presets of the CPU demo)."""
 
-    minivla_run_dir: str | None = None
-    vq_dir: str | None = None
-    qwen_dir: str | None = None
+    minivla_run_dir: Annotated[str | None, InputPath("dir")] = None
+    vq_dir: Annotated[str | None, InputPath("dir")] = None
+    qwen_dir: Annotated[str | None, InputPath("dir")] = None
     unnorm_key: str | None = None  # which dataset_statistics.json entry (e.g. libero_90)
 
 
@@ -75,7 +75,7 @@ class PipelineRecipe:
     suite: str = "libero_90"  # a LIBERO suite, or "gym" (tasks are then gymnasium env ids)
     tasks: list[str] = field(default_factory=lambda: ["0"])  # RL and evaluation tasks; ["all"]: the whole suite
     gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
-    data: list[str] = field(default_factory=list)  # demonstration files or directories
+    data: Annotated[list[str], InputPath("either")] = field(default_factory=list)  # demonstration files or dirs
     weights: Weights = field(default_factory=Weights)
     demos: DemosStage = field(default_factory=DemosStage)
     vq: VQStage = field(default_factory=VQStage)
@@ -89,6 +89,7 @@ class PipelineRecipe:
 class Pipeline:
     def __init__(self, recipe: PipelineRecipe):
         self.r, self.out = recipe, Path(recipe.out)
+        check_input_paths(recipe, "pipeline recipe")  # what the user gave: the stages' own outputs come later
         self.connect()
 
     # -- wiring -------------------------------------------------------------------------------------

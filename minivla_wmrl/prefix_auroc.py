@@ -104,6 +104,8 @@ def main(args) -> None:
     from minivla_wmrl.data.replay import read_replay
     from minivla_wmrl.outputs import write_json_output
 
+    if not 0 < args.test_fraction < 1:
+        raise ValueError(f"--test-fraction {args.test_fraction}: expected a share of the episodes in (0, 1)")
     episodes = read_replay(args.replay)
     order = np.random.default_rng(args.seed).permutation(len(episodes))
     cut = int(round(args.test_fraction * len(episodes)))

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from minivla_wmrl.cli import main as cli
-from minivla_wmrl.config import _constraints, apply_overrides, config_from_dict
+from minivla_wmrl.config import InputPath, _constraints, apply_overrides, config_from_dict
 from minivla_wmrl.data.demos import DemosCommand
 from minivla_wmrl.data.trajectories import ExportCommand
 from minivla_wmrl.evaluate import EvalConfig
@@ -67,7 +67,9 @@ def _build(command: str, key: str, value):
     if command in RECIPE_COMMANDS:
         return config_from_dict(RECIPE_COMMANDS[command], apply_overrides({}, [f"{key}={value}"]), command)
     cls, _ = FLAG_COMMANDS[command]
-    required = {f.name: "x" if f.type == "str" else ["x"] for f in dataclasses.fields(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
+    required = {f.name: ["x"] if typing.get_origin(_constraints(hints[f.name])[0]) is list else "x"
+                for f in dataclasses.fields(cls)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
     return config_from_dict(cls, required | {key: value}, command)
 
@@ -116,12 +118,75 @@ def test_an_output_directory_that_is_a_file_is_refused_with_nothing_written(comm
     out.write_text("someone's file")
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"suite": "libero_90", "demos": {"generate": True}} if command == "run" else {}))
+    (tmp_path / "checkpoint").mkdir()  # the inputs the flag commands name: they pass, the output is refused
+    (tmp_path / "demos").mkdir()
+    _valid_demo(tmp_path / "demos" / "a_demo.hdf5")
+    _rollouts(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
     args = ([command, str(recipe), f"out={out}"] if command in RECIPE_COMMANDS else
             [a.format(tmp=tmp_path) for a in FLAG_COMMANDS[command][1][:-1]] + [str(out)])
     assert cli(args) == 1
     assert f"{out} is an existing file, not a directory" in capsys.readouterr().err
-    assert out.read_text() == "someone's file"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml", "taken"]
+    assert out.read_text() == "someone's file" and sorted(tmp_path.rglob("*")) == before
+
+
+def path_settings(cls, prefix: str = ""):
+    """(dotted key, its kind, whether it is a list) of every input path setting of `cls`."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        hint, _ = _constraints(hints[f.name])
+        if dataclasses.is_dataclass(hint):
+            yield from path_settings(hint, f"{prefix}{f.name}.")
+        elif typing.get_origin(hints[f.name]) is typing.Annotated:
+            for extra in typing.get_args(hints[f.name])[1:]:
+                if isinstance(extra, InputPath):
+                    yield f"{prefix}{f.name}", extra.kind, typing.get_origin(hint) is list
+
+
+RECIPE_INPUTS = {"sft": {"data": {"paths": ["{demo}"]}}, "wm": {"data": {"demos": ["{demo}"]}}, "grpo": {},
+                 "run": {"data": ["{demo}"]}}
+PATH_CASES = [(c, key, kind, many) for c, cls in CONFIGS.items() for key, kind, many in path_settings(cls)]
+
+
+def _valid_demo(path):
+    """A LIBERO-layout demonstration file (no simulator needed): 16 moving actions and their frames."""
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["problem_info"] = '{"language_instruction": "close the drawer"}'
+        demo = data.create_group("demo_0")
+        demo["actions"] = np.concatenate([rng.uniform(-0.5, 0.5, (16, 6)), np.ones((16, 1))], axis=1)
+        demo["obs/agentview_rgb"] = rng.integers(0, 255, (16, 32, 32, 3), np.uint8)
+    return path
+
+
+def test_every_input_path_setting_is_found():
+    found = {(c, key) for c, key, _, _ in PATH_CASES}
+    assert {("sft", "vq.path"), ("sft", "policy.init_checkpoint"), ("wm", "data.rollouts"),
+            ("wm", "collect.checkpoint"), ("grpo", "policy.checkpoint"), ("run", "weights.qwen_dir"),
+            ("run", "sft.data.paths"), ("eval", "checkpoint"), ("vq", "data"), ("export", "trajectories")} <= found
+
+
+@pytest.mark.parametrize("command, key, kind, many", PATH_CASES, ids=[f"{c}:{k}" for c, k, _, _ in PATH_CASES])
+def test_input_paths_of_the_wrong_kind_are_refused_by_name_with_nothing_written(command, key, kind, many, tmp_path,
+                                                                                capsys):
+    demo = _valid_demo(tmp_path / "demo.hdf5")
+    (tmp_path / "a_file.txt").write_text("x")
+    (tmp_path / "a_dir").mkdir()
+    wrong = {"dir": tmp_path / "a_file.txt", "file": tmp_path / "a_dir", "either": tmp_path / "missing"}[kind]
+    if command in RECIPE_COMMANDS:
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text(yaml.safe_dump(RECIPE_INPUTS[command]).replace("{demo}", str(demo)))
+        args = [command, str(recipe), f"{key}={f'[{wrong}]' if many else wrong}", f"out={tmp_path / 'out'}"]
+    else:  # the flag's value replaced (export's trajectories are its positional arguments)
+        args = [a.format(tmp=tmp_path) for a in FLAG_COMMANDS[command][1]]
+        flag = f"--{key.replace('_', '-')}"
+        args[args.index(flag) + 1 if flag in args else 1] = str(wrong)
+    before = sorted(tmp_path.rglob("*"))
+    assert cli(args) == 1
+    error = capsys.readouterr().err
+    assert str(wrong.name) in error, f"{command} {key}={wrong.name}: the error does not name it: {error}"
+    assert sorted(tmp_path.rglob("*")) == before, f"{command} {key} wrote {set(tmp_path.rglob('*')) - set(before)}"
 
 
 # -- the cases a careful user hit ------------------------------------------------------------------------
@@ -153,7 +218,8 @@ def test_export_never_deletes_a_directory_it_did_not_write(tmp_path, capsys):
 def test_a_command_does_not_take_over_another_commands_output(tmp_path, capsys):
     rollouts = _rollouts(tmp_path)
     assert cli(["export", str(rollouts), "--out", str(tmp_path / "export")]) == 0
-    assert cli(["vq", "--data", str(tmp_path / "x.hdf5"), "--out", str(tmp_path / "export")]) == 1
+    demo = _valid_demo(tmp_path / "demo.hdf5")
+    assert cli(["vq", "--data", str(demo), "--out", str(tmp_path / "export")]) == 1
     assert "already holds `export`'s output" in capsys.readouterr().err
 
 
@@ -202,7 +268,7 @@ def test_silent_wrong_values_are_refused(tmp_path):
     (["sft", "{tmp}/recipe.yaml", "out={tmp}/s", "data.paths=[{tmp}/missing.hdf5]"], "missing.hdf5 does not exist"),
     (["vq", "--data", "{tmp}/x.hdf5", "--out", "{tmp}/v", "--chunk-len", "0"], "chunk_len: 0 is out of range"),
     (["vq", "--data", "{tmp}/x.hdf5", "--out", "{tmp}/v", "--seed", "-3"], "seed: -3 is out of range"),
-    (["eval", "--checkpoint", "{tmp}/c", "--suite", "libero_90", "--out", "{tmp}/e", "--backend", "ray",
+    (["eval", "--checkpoint", "{tmp}", "--suite", "libero_90", "--out", "{tmp}/e", "--backend", "ray",
       "--envs-per-worker", "2"], "envs_per_worker=2 needs the 'local' backend"),
     # a directory where a file goes, and the reverse
     (["export", "{tmp}", "--out", "{tmp}/out"], "is a directory"),

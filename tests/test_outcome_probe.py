@@ -104,5 +104,7 @@ def test_the_replay_store_keeps_real_labelled_episodes_and_feeds_the_report(tmp_
     assert cli(["probe-report", str(tmp_path / "replay"), "--steps", "32", "--time-scale", str(CAP),
                 "--json", str(tmp_path / "report.json")]) == 0
     assert "| 32 |" in capsys.readouterr().out and (tmp_path / "report.json").exists()
-    assert cli(["probe-report", str(tmp_path / "replay" / "a.hdf5"), "--test-fraction", "0"]) == 1
+    assert cli(["probe-report", str(tmp_path / "replay" / "a.hdf5"), "--test-fraction", "0.97"]) == 1
     assert "the report needs >= 4 to train and test episodes of both outcomes" in capsys.readouterr().err
+    assert cli(["probe-report", str(tmp_path / "replay"), "--test-fraction", "0"]) == 1
+    assert "expected a share of the episodes in (0, 1)" in capsys.readouterr().err

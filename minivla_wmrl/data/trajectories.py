@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Sequence
 import numpy as np
 
 from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.config import Range, command_line_parser, config_from_dict
+from minivla_wmrl.config import InputPath, Range, check_input_paths, command_line_parser, config_from_dict
 from minivla_wmrl.data.dataset import open_hdf5, read_episodes, resize_frames, upright_frames
 
 
@@ -122,8 +122,8 @@ def lerobot_episodes(trajectories: Sequence[LabelledTrajectory]):
 class ExportCommand:
     """`minivla-wmrl export`: its command-line flags are these fields (`config.command_line_parser`)."""
 
-    trajectories: list[str] = field(metadata={"help": "trajectory hdf5 files written by wm (collected rollouts)",
-                                              "positional": True})
+    trajectories: Annotated[list[str], InputPath("file")] = field(metadata={
+        "help": "trajectory hdf5 files written by wm (collected rollouts)", "positional": True})
     out: str = field(metadata={"help": "the LeRobot dataset directory to write"})
     fps: Annotated[int, Range(1, high=1000)] = field(default=10, metadata={
         "help": "frame rate recorded in meta/info.json"})
@@ -141,6 +141,7 @@ def main(args) -> None:
     parser = command_line_parser(ExportCommand, "minivla-wmrl export",
                                  "Write collected rollouts (trajectory files) as a LeRobot dataset.")
     command = config_from_dict(ExportCommand, vars(parser.parse_args(args.options)), "export")
+    check_input_paths(command, "export")
     check_output_dir(Path(command.out), "export", command.overwrite)
     if not command.trajectories:
         raise ValueError("export needs trajectory files (written by wm's rollout collection)")

@@ -47,7 +47,7 @@ from tqdm import tqdm
 from minivla_wmrl.atomic import atomic_file
 from minivla_wmrl.checkpoint import (global_rng_state, latest_checkpoint, load_weights, restore_global_rng,
                                      resume_checkpoint, run_lock, save_checkpoint, selected_checkpoint)
-from minivla_wmrl.config import Range, Seed, check_config, load_recipe
+from minivla_wmrl.config import InputPath, Range, Seed, check_config, check_input_paths, load_recipe
 from minivla_wmrl.distributed import init_distributed
 from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
                                shard_policy)
@@ -130,7 +130,7 @@ class GRPOConfig:
 
 @dataclass
 class GRPOPolicy:
-    checkpoint: str = ""  # the SFT checkpoint to start from
+    checkpoint: Annotated[str, InputPath("dir")] = ""  # the SFT checkpoint to start from
     lora: bool = True
     lora_r: Annotated[int, Range(1)] = 16
     lora_alpha: Annotated[int, Range(1)] = 32
@@ -791,6 +791,7 @@ class GRPOTrainer:
 
 def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
     """Train; under `torchrun` every process runs a share of the rollouts and only rank 0 writes."""
+    check_input_paths(recipe, "grpo recipe")
     with run_lock(Path(recipe.out), "grpo"):
         return _train_grpo(recipe, envs, progress)
 

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.checkpoint import (global_rng_state, latest_checkpoint, restore_global_rng, resume_checkpoint,
                                      run_lock, save_checkpoint)
-from minivla_wmrl.config import Range, Seed, check_config, load_recipe
+from minivla_wmrl.config import InputPath, Range, Seed, check_config, check_input_paths, load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import DemoDataset, collate, read_episodes
 from minivla_wmrl.distributed import init_distributed
@@ -42,7 +42,8 @@ from minivla_wmrl.train.vq import VQTrainConfig, split_episodes, train_action_to
 
 @dataclass
 class DataConfig:
-    paths: list[str] = field(default_factory=list)  # LIBERO hdf5 files or directories of them
+    # LIBERO hdf5 files, directories of them, or LeRobot datasets
+    paths: Annotated[list[str], InputPath("either")] = field(default_factory=list)
     val_fraction: Annotated[float, Range(0, below=1)] = 0.1  # episodes held out for validation
     image_key: str = "agentview_rgb"
     wrist_key: str | None = None  # e.g. "eye_in_hand_rgb" for a two-image policy
@@ -56,8 +57,10 @@ class DataConfig:
 @dataclass
 class PolicySetup:
     preset: str = "tiny"
-    tokenizer: str = "tiny"  # "tiny" (built in code) or a local Qwen2.5 tokenizer directory
-    init_checkpoint: str | None = None  # start from one of our checkpoints (e.g. an imported MiniVLA)
+    # "tiny" (built in code) or a Qwen2.5 tokenizer directory
+    tokenizer: Annotated[str, InputPath("dir", names=("tiny",))] = "tiny"
+    # start from one of our checkpoints (e.g. an imported MiniVLA)
+    init_checkpoint: Annotated[str | None, InputPath("dir")] = None
     lora: bool = False  # MiniVLA's released SFT is a full fine-tune
     lora_r: Annotated[int, Range(1)] = 16
     lora_alpha: Annotated[int, Range(1)] = 32
@@ -70,7 +73,8 @@ class PolicySetup:
 
 @dataclass
 class VQSetup:
-    path: str | None = None  # an existing action tokenizer (ours or the released MiniVLA VQ folder)
+    # an existing action tokenizer (ours or the released MiniVLA VQ folder)
+    path: Annotated[str | None, InputPath("dir")] = None
     train: VQTrainConfig = field(default_factory=VQTrainConfig)
 
 
@@ -172,6 +176,7 @@ def train_sft(recipe: SFTRecipe, progress: bool = True) -> dict:
     with gradients averaged over processes (DDP, or FSDP with `policy.fsdp`), and only rank 0 writes
     logs and checkpoints."""
     check_config(recipe, "sft recipe")
+    check_input_paths(recipe, "sft recipe")
     dist = init_distributed(recipe.policy.device)
     recipe.policy.device = dist.device(recipe.policy.device)
     with run_lock(Path(recipe.out), "sft") if dist.is_main else nullcontext():

@@ -17,7 +17,8 @@ import torch
 from tqdm import tqdm
 
 from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-from minivla_wmrl.config import Range, Seed, check_config, command_line_parser, config_from_dict
+from minivla_wmrl.config import (InputPath, Range, Seed, check_config, check_input_paths, command_line_parser,
+                                 config_from_dict)
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import read_episodes
 from minivla_wmrl.normalization import ActionStatistics, write_statistics
@@ -42,8 +43,8 @@ class VQTrainConfig:
 class VQCommand(VQTrainConfig):
     """`minivla-wmrl vq`: its command-line flags are these fields (`config.command_line_parser`)."""
 
-    data: list[str] = field(metadata={"help": "LIBERO hdf5 demonstration files, directories of them, or LeRobot "
-                                              "datasets"})
+    data: Annotated[list[str], InputPath("either")] = field(metadata={
+        "help": "LIBERO hdf5 demonstration files, directories of them, or LeRobot datasets"})
     out: str = field(metadata={"help": "output directory (action_tokenizer/, dataset_statistics.json)"})
     chunk_len: Annotated[int, Range(1)] = field(default=8, metadata={"help": "actions per chunk"})
     dataset_name: str = field(default="libero", metadata={"help": "key in dataset_statistics.json"})
@@ -126,6 +127,7 @@ def main(args) -> None:
     parser = command_line_parser(VQCommand, "minivla-wmrl vq",
                                  "Train the residual-VQ action tokenizer on demonstration files.")
     command = config_from_dict(VQCommand, vars(parser.parse_args(args.options)), "vq")
+    check_input_paths(command, "vq")
     train_config = VQTrainConfig(**{f.name: getattr(command, f.name) for f in fields(VQTrainConfig)})
     result = run_vq(command.data, Path(command.out), train_config, command.chunk_len, command.dataset_name)
     first, last = result["first"], result["last"]

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from minivla_wmrl.outputs import replaced_directory
 from minivla_wmrl.checkpoint import global_rng_state, restore_global_rng, resume_checkpoint, run_lock, save_checkpoint
-from minivla_wmrl.config import Range, Seed, check_config, load_recipe
+from minivla_wmrl.config import InputPath, Range, Seed, check_config, check_input_paths, load_recipe
 import minivla_wmrl.policy.frame_encoder  # noqa: F401 - registers the world model's "policy:<checkpoint>" encoder
 from minivla_wmrl.data.trajectories import (LabelledTrajectory, demo_trajectories, load_trajectories,
                                             rollout_trajectories, save_trajectories)
@@ -69,8 +69,10 @@ class WMTrainConfig:
 
 @dataclass
 class WMData:
-    demos: list[str] = field(default_factory=list)  # LIBERO hdf5 files or directories (successes)
-    rollouts: list[str] = field(default_factory=list)  # trajectory files (save_trajectories) labelled by the simulator
+    # LIBERO hdf5 files or directories (successes)
+    demos: Annotated[list[str], InputPath("either")] = field(default_factory=list)
+    # trajectory files (save_trajectories) labelled by the simulator
+    rollouts: Annotated[list[str], InputPath("file")] = field(default_factory=list)
     # demo frames kept every `stride` steps (the rollouts' query interval at execute_steps 8)
     stride: Annotated[int, Range(1)] = 8
     image_convention: Literal["minivla", "openvla"] = "minivla"
@@ -81,7 +83,7 @@ class WMData:
 class WMCollect:
     """Optionally collect real-labelled rollouts first (RL training init states, never evaluation ones)."""
 
-    checkpoint: str | None = None  # a policy checkpoint; None: collect nothing
+    checkpoint: Annotated[str | None, InputPath("dir")] = None  # a policy checkpoint; None: collect nothing
     suite: str = "libero_90"
     tasks: list[str] = field(default_factory=lambda: ["0"])
     episodes_per_task: Annotated[int, Range(0)] = 16
@@ -241,6 +243,7 @@ RESUMABLE_CHANGES = ("out", "resume", "train.steps", "train.eval_every", "train.
 
 def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
     check_config(recipe, "wm recipe")
+    check_input_paths(recipe, "wm recipe")
     with run_lock(Path(recipe.out), "wm"):
         return _train_world_model(recipe, progress)
 
@@ -250,7 +253,6 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
     random.seed(settings.seed), np.random.seed(settings.seed), torch.manual_seed(settings.seed)
     recipe_record = asdict(recipe)
     resumed = resume_checkpoint(out, recipe_record, RESUMABLE_CHANGES) if recipe.resume else None
-    (out / "recipe.json").write_text(json.dumps(recipe_record, indent=2))
     size = recipe.model.image_size
     rollout_files = list(recipe.data.rollouts)
     if recipe.collect.checkpoint:
@@ -271,6 +273,8 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
     model = (ProgressWorldModel.from_pretrained(found / "world_model") if found is not None
              else ProgressWorldModel(recipe.model))
     trainer = WorldModelTrainer(model, settings)
+    # once the inputs read back and the model is built: a run refused before this leaves no directory
+    (out / "recipe.json").write_text(json.dumps(recipe_record, indent=2))
     start = 0
     if state is not None:
         trainer.load_state_dict(state["trainer"])
