@@ -92,15 +92,17 @@ def check_config(config, where: str = "config") -> None:
         _check_choice(value, hint, f"{where}.{f.name}")
 
 
-def check_input_paths(config, where: str = "config") -> None:
+def check_input_paths(config, where: str = "config", skip: frozenset[str] = frozenset(), _key: str = "") -> None:
     """Raise naming the first input path setting of `config` (nested dataclasses included) that is
-    missing or of the wrong kind. Commands call it before any work, on the settings the user gave
-    (a pipeline before it connects its stages, whose outputs do not exist yet)."""
+    missing or of the wrong kind. Commands call it before any work; `skip`: dotted keys not to check
+    (a pipeline's connections between stages, whose outputs do not exist yet)."""
     hints = typing.get_type_hints(type(config), include_extras=True)
     for f in dataclasses.fields(config):
-        value, hint = getattr(config, f.name), hints[f.name]
+        value, hint, key = getattr(config, f.name), hints[f.name], f"{_key}{f.name}"
+        if key in skip:
+            continue
         if dataclasses.is_dataclass(value):
-            check_input_paths(value, f"{where}.{f.name}")
+            check_input_paths(value, f"{where}.{f.name}", skip, f"{key}.")
         elif typing.get_origin(hint) is typing.Annotated:
             for extra in typing.get_args(hint)[1:]:
                 if isinstance(extra, InputPath):

@@ -89,7 +89,7 @@ class PipelineRecipe:
 class Pipeline:
     def __init__(self, recipe: PipelineRecipe):
         self.r, self.out = recipe, Path(recipe.out)
-        check_input_paths(recipe, "pipeline recipe")  # what the user gave: the stages' own outputs come later
+        self.wired: set[str] = set()  # the stage inputs the pipeline connects (`_wire`)
         self.connect()
 
     # -- wiring -------------------------------------------------------------------------------------
@@ -144,6 +144,7 @@ class Pipeline:
                              f"{value!r} (from the stage before or the top-level settings); remove {key} from the "
                              "recipe, or set what it comes from")
         setattr(section, name, value)
+        self.wired.add(key)
 
     def required_inputs(self) -> list[tuple[str, str | None, bool]]:
         """(name, path, exists) of every user-provided input the recipe names or needs."""
@@ -153,7 +154,7 @@ class Pipeline:
         for name in ("minivla_run_dir", "vq_dir", "qwen_dir"):  # a pretrained run needs all three
             path = getattr(w, name)
             if path or w.minivla_run_dir:
-                items.append((name, path, bool(path) and Path(path).exists()))
+                items.append((name, path, bool(path) and Path(path).is_dir()))  # a file there is named too
         return items
 
     def check_inputs(self) -> None:
@@ -161,6 +162,8 @@ class Pipeline:
         if missing:
             lines = [f"  {name}: {path or '(not set)'} — {WHERE[name]}" for name, path in missing]
             raise FileNotFoundError("the recipe needs these user-provided inputs:\n" + "\n".join(lines))
+        # every other input path the user set: before any work (the connected ones are earlier stages' outputs)
+        check_input_paths(self.r, "pipeline recipe", frozenset(self.wired))
 
     # -- stages ---------------------------------------------------------------------------------------
 

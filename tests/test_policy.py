@@ -124,7 +124,8 @@ def test_save_and_load_reproduce_outputs_exactly(images, tmp_path, lora):
                     parameter.normal_()  # non-zero adapters, so saving them matters
     policy.save_pretrained(tmp_path / "ckpt")
     assert {p.name for p in (tmp_path / "ckpt").iterdir()} == {
-        "config.json", "model.safetensors", "tokenizer", "action_tokenizer", "dataset_statistics.json", "README.md"}
+        "config.json", "model.safetensors", "tokenizer", "action_tokenizer", "dataset_statistics.json", "README.md",
+        ".minivla-wmrl.json"}  # the mark that lets a later save replace it (minivla_wmrl.outputs)
     loaded = MiniVLA.from_pretrained(tmp_path / "ckpt")
     a, b = policy.generate(images, INSTRUCTIONS), loaded.generate(images, INSTRUCTIONS)
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.log_probs, b.log_probs)
