@@ -47,7 +47,7 @@ class InputPath:
     """An input path setting: a `dir` (or a Hub repo id `owner/name`), a `file`, or `either`; `names`
     are built-in values that are not paths (e.g. the tokenizer "tiny"). Checked by `check_input_paths`."""
 
-    kind: str
+    kind: typing.Literal["dir", "file", "either"]
     names: tuple[str, ...] = ()
 
     def check(self, value, where: str) -> None:
