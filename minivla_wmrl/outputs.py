@@ -28,11 +28,12 @@ from minivla_wmrl.atomic import atomic_directory, atomic_file
 
 MARK = ".minivla-wmrl.json"
 LOCK = ".lock"
-# outputs of versions before marks: the file each command always wrote first. A command that
-# replaces a whole directory is not listed: only its mark lets it delete.
-EARLIER_SIGNATURES = {"sft": "recipe.json", "wm": "recipe.json", "grpo": "recipe.json", "eval": "eval_settings.json",
-                      "pipeline": "pipeline_recipe.json", "vq": "vq_train_config.json",
-                      "ablate": "ablation.json"}
+# outputs of versions before marks: what each command always wrote (an interrupted ablation: only its
+# SFT evaluation, eval/). A command that replaces a whole directory is not listed: only its mark lets
+# it delete.
+EARLIER_SIGNATURES = {"sft": ("recipe.json",), "wm": ("recipe.json",), "grpo": ("recipe.json",),
+                      "eval": ("eval_settings.json",), "pipeline": ("pipeline_recipe.json",),
+                      "vq": ("vq_train_config.json",), "ablate": ("ablation.json", "eval")}
 # a pipeline directory holding only stage outputs (e.g. another run's demos/ vq/ sft/ wm/ copied in to start
 # from) is the pipeline's: each stage directory is then checked by the stage that writes it
 PIPELINE_ENTRIES = {"demos", "vq", "sft", "wm", "grpo", "eval", "plots", "pretrained", "ablation"}
@@ -66,7 +67,7 @@ def check_output_dir(path: Path, command: str, overwrite: bool = False) -> Path:
     owner = writer(path)
     if not held or owner == command or overwrite:
         return path
-    if owner is None and (EARLIER_SIGNATURES.get(command) in held
+    if owner is None and (set(EARLIER_SIGNATURES.get(command, ())) & set(held)
                           or (command == "pipeline" and set(held) <= PIPELINE_ENTRIES)):
         return path
     origin = f"`{owner}`'s output" if owner else "files this command did not write"

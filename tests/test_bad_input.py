@@ -303,3 +303,21 @@ def test_saving_a_model_never_deletes_a_directory_it_did_not_write(tmp_path):
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     tokenizer.save_pretrained(tmp_path / "tokenizer")  # its own earlier save: replaced
     assert ActionTokenizer.from_pretrained(tmp_path / "tokenizer").config == tokenizer.config
+
+
+def test_outputs_of_versions_before_marks_are_known_by_what_their_command_wrote(tmp_path):
+    from minivla_wmrl.outputs import OutputExistsError, check_output_dir
+
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "recipe.json").write_text("{}")  # an sft run of an earlier version: no mark
+    assert check_output_dir(tmp_path / "sft", "sft") == tmp_path / "sft"
+    with pytest.raises(OutputExistsError, match="vq: output directory .*sft already holds files"):
+        check_output_dir(tmp_path / "sft", "vq")
+    (tmp_path / "ablation" / "eval" / "sft").mkdir(parents=True)  # an interrupted ablation: its SFT evaluation
+    assert check_output_dir(tmp_path / "ablation", "ablate") == tmp_path / "ablation"
+    for name in ("demos", "vq", "sft", "wm"):  # stage outputs copied into a new pipeline directory to start from
+        (tmp_path / "run" / name).mkdir(parents=True)
+    assert check_output_dir(tmp_path / "run", "pipeline") == tmp_path / "run"
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="notes.txt"):
+        check_output_dir(tmp_path / "run", "pipeline")
