@@ -32,17 +32,23 @@ HUGE = 10**20
 VALUES = (0, -1, HUGE)
 
 
-def numeric_settings(cls, prefix: str = ""):
-    """(dotted key, declared ranges, the dataclass holding it) of every int/float leaf of `cls`."""
+def leaf_settings(cls, prefix: str = ""):
+    """(dotted key, declared type with its annotations, the dataclass holding it) of every leaf of `cls`."""
     hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
-        hint, ranges = _constraints(hints[f.name])
-        if dataclasses.is_dataclass(hint):
-            yield from numeric_settings(hint, f"{prefix}{f.name}.")
-            continue
+        if dataclasses.is_dataclass(_constraints(hints[f.name])[0]):
+            yield from leaf_settings(_constraints(hints[f.name])[0], f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", hints[f.name], cls
+
+
+def numeric_settings(cls):
+    """(dotted key, declared ranges, the dataclass holding it) of every int/float leaf of `cls`."""
+    for key, declared, holder in leaf_settings(cls):
+        hint, ranges = _constraints(declared)
         options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else [hint]
         if any(o in (int, float) for o in options):
-            yield f"{prefix}{f.name}", ranges, cls
+            yield key, ranges, holder
 
 
 # command → (its configuration dataclass, how a setting is given, the arguments that start it in `tmp`)
@@ -130,17 +136,13 @@ def test_an_output_directory_that_is_a_file_is_refused_with_nothing_written(comm
     assert out.read_text() == "someone's file" and sorted(tmp_path.rglob("*")) == before
 
 
-def path_settings(cls, prefix: str = ""):
+def path_settings(cls):
     """(dotted key, its kind, whether it is a list) of every input path setting of `cls`."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    for f in dataclasses.fields(cls):
-        hint, _ = _constraints(hints[f.name])
-        if dataclasses.is_dataclass(hint):
-            yield from path_settings(hint, f"{prefix}{f.name}.")
-        elif typing.get_origin(hints[f.name]) is typing.Annotated:
-            for extra in typing.get_args(hints[f.name])[1:]:
-                if isinstance(extra, InputPath):
-                    yield f"{prefix}{f.name}", extra.kind, typing.get_origin(hint) is list
+    for key, declared, _ in leaf_settings(cls):
+        extras = typing.get_args(declared)[1:] if typing.get_origin(declared) is typing.Annotated else ()
+        for extra in extras:
+            if isinstance(extra, InputPath):
+                yield key, extra.kind, typing.get_origin(_constraints(declared)[0]) is list
 
 
 RECIPE_INPUTS = {"sft": {"data": {"paths": ["{demo}"]}}, "wm": {"data": {"demos": ["{demo}"]}}, "grpo": {},
