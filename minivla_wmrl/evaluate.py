@@ -32,7 +32,8 @@ from envs.libero_env import (CONTROL_HZ, IMAGE_CONVENTIONS, SUITE_MAX_STEPS, Lib
 from minivla_wmrl.atomic import atomic_file
 from minivla_wmrl.config import (InputPath, Range, Seed, check_config, check_input_paths, command_line_parser,
                                  config_from_dict)
-from minivla_wmrl.init_states import evaluation_init_states
+from minivla_wmrl.init_states import (TRAIN_SEED_BASE, VALIDATION_SEED_BASE, evaluation_init_states,
+                                      vector_training_init_states)
 from minivla_wmrl.outputs import check_output_dir, create_output_dir
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.policy.minivla import MiniVLA
@@ -42,6 +43,7 @@ from minivla_wmrl.versions import record_versions
 from minivla_wmrl.video import write_episode_video
 from world_models.pretrained import pretrained_directory
 
+DRAWN_BASES = {"training": TRAIN_SEED_BASE, "validation": VALIDATION_SEED_BASE}
 SAMPLE_SEED_STRIDE = 1_000_000  # sample k of trial i samples with episode seed i + k × stride (k = 0: seed i)
 
 
@@ -93,6 +95,9 @@ class EvalConfig(EvalProtocol):
     image_convention: Literal["minivla", "openvla"] = field(default="minivla", metadata=_help(
         "image orientation and size; must match the checkpoint's training data"))
     device: str = field(default="cpu", metadata=_help("torch device"))
+    init_states: Literal["published", "training", "validation"] = field(default="published", metadata=_help(
+        "the protocol's published init states, or RL's drawn training or validation states (trial i: the "
+        "i-th draw): how a policy does where GRPO trains and checks it, beside where it is tested"))
     # suite gym: GymRobotEnv options (instruction, resolution, ...); set by recipes, not flags
     gym: dict = field(default_factory=dict, metadata={"cli": False})
 
@@ -120,7 +125,7 @@ def checkpoint_hash(directory: Path, progress: bool = False) -> str:
     return digest.hexdigest()
 
 
-SETTING_DEFAULTS = {"center_crop": False}  # settings recorded later: what evaluations written before them ran with
+SETTING_DEFAULTS = {"center_crop": False, "init_states": "published"}  # settings recorded later: what evaluations written before them ran with
 
 
 def setting(recorded: dict, key: str):
@@ -137,7 +142,7 @@ def settings(config: EvalConfig, checkpoint: Path, tasks: list[int], progress: b
         "checkpoint": str(checkpoint.resolve()),
         "checkpoint_sha256": checkpoint_hash(checkpoint, progress),
         "suite": config.suite, "tasks": tasks, "trials": config.trials, "first_trial": config.first_trial,
-        "seed": config.seed,
+        "init_states": config.init_states, "seed": config.seed,
         "sampling": "greedy" if config.temperature == 0 else f"temperature {config.temperature}",
         "samples_per_state": config.samples_per_state,
         "execute_steps": config.execute_steps, "max_steps": max_steps,
@@ -284,8 +289,9 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
             raise ValueError(f"tasks {config.tasks} name the same task more than once ({tasks}); "
                              "each task is evaluated once")
         names = {t: (bench.get_task(t).name, bench.get_task(t).language) for t in tasks}
-        trial_ids = {task: evaluation_init_states(config.trials, len(read_init_states(bench, task)),
-                                                  config.first_trial) for task in tasks}
+        published = config.init_states == "published"  # drawn states have no count to stay within
+        trial_ids = {task: evaluation_init_states(config.trials, len(read_init_states(bench, task)) if published
+                                                  else None, config.first_trial) for task in tasks}
         action_dim = LiberoEnv.action_dim
     checkpoint = pretrained_directory(config.checkpoint, "policy checkpoint")
     policy = MiniVLA.from_pretrained(checkpoint, device=config.device, dtype=DTYPES[config.dtype])
@@ -340,7 +346,9 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
             with env_pool([factory] * min(config.envs, len(todo)), config.backend, config.ray_address,
                           config.envs_per_worker) as envs:
                 task_id = envs.infos[0].task_id
-                specs = [EpisodeSpec(task_id, i, seed=i + SAMPLE_SEED_STRIDE * k, tag=(i, k)) for i, k in todo]
+                starts = (list(range(max(trial_ids[task]) + 1)) if config.init_states == "published" else
+                          vector_training_init_states(envs, 0, max(trial_ids[task]) + 1, DRAWN_BASES[config.init_states]))
+                specs = [EpisodeSpec(task_id, starts[i], seed=i + SAMPLE_SEED_STRIDE * k, tag=(i, k)) for i, k in todo]
                 RolloutEngine(policy, envs, rollout, cameras).run(specs, on_episode, progress,
                                                                   desc=f"{config.suite} task {task}")
     previous = json.loads(info_path.read_text())["overall"].get("eval_s", 0.0) if info_path.exists() else 0.0

@@ -226,3 +226,18 @@ def test_eval_info_carries_lerobots_keys_beside_ours():
     assert (first["task_group"], first["task_id"]) == ("libero_10", 0)
     assert first["metrics"]["successes"] == [True, False] and first["metrics"]["sum_rewards"] == [1.0, 0.0]
     assert second["metrics"]["video_paths"] == ["runs/x/videos/b.mp4"]
+
+
+@pytest.mark.simulator
+def test_drawn_init_states_are_evaluated_apart_from_the_published_ones(checkpoint, tmp_path, capsys):
+    from minivla_wmrl.cli import main as cli
+
+    run = lambda out, **kw: evaluate(config(checkpoint, tmp_path / out, tasks=["0"], trials=1, first_trial=1,  # noqa: E731
+                                            max_steps=8, **kw), progress=False)
+    published, validation = run("published"), run("validation", init_states="validation")
+    assert validation["settings"]["init_states"] == "validation"
+    first_frame = lambda info, out: imageio.mimread(tmp_path / out / info["per_task"][0]["episodes"][0]["video"])[0]  # noqa: E731
+    assert np.abs(first_frame(published, "published").astype(int)
+                  - first_frame(validation, "validation").astype(int)).mean() > 1.0  # another scene layout
+    assert cli(["compare", str(tmp_path / "published"), str(tmp_path / "validation")]) == 1
+    assert "init_states: 'published' vs 'validation'" in capsys.readouterr().err

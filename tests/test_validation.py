@@ -47,6 +47,17 @@ def test_the_tracker_keeps_the_best_and_stops_on_a_significant_fall():
     assert not never.update(1, episodes([False] * 20))["val_stop"]
 
 
+def test_with_accept_p_only_a_significant_gain_replaces_the_start():
+    tracker = ValidationTracker(ValidationConfig(every=1, accept_p=0.05))
+    tracker.update(0, episodes([True] * 4 + [False] * 16))
+    noise = tracker.update(1, episodes([True] * 8 + [False] * 12))  # 4 gained, none lost: p = 0.125
+    assert noise["val_p_better"] == pytest.approx(0.125) and not noise["val_improved"] and tracker.best_step == 0
+    mixed = tracker.update(2, episodes([False] * 2 + [True] * 10 + [False] * 8))  # 8 gained, 2 lost: p = 0.11
+    assert not mixed["val_improved"] and mixed["val_p_better"] == pytest.approx(0.109375)
+    clear = tracker.update(3, episodes([True] * 10 + [False] * 10))  # 6 gained, none lost: p = 0.03125
+    assert clear["val_improved"] and clear["val_best_step"] == 3 and tracker.best_success == 0.5
+
+
 def test_gym_validation_seeds_are_apart_from_training_and_test_seeds():
     training = training_init_states(None, None, 64, "gym", base=TRAIN_SEED_BASE)
     validation = training_init_states(None, None, 64, "gym", base=VALIDATION_SEED_BASE)

@@ -7,8 +7,9 @@ validation states (`minivla_wmrl.init_states`: disjoint from the RL training sta
 the protocol's test states), with the protocol's temperature, the same sampling seed per
 (state, sample) every time so that checks pair episode by episode. The tracker keeps the best
 checkpoint by validation success (ties keep the earlier: the SFT checkpoint unless training
-beat it) and stops training when the policy is significantly worse than it started (exact
-McNemar test on the paired episodes, more lost than gained).
+beat it; with `accept_p` < 1, only a significant gain over the start counts) and stops training
+when the policy is significantly worse than it started (exact McNemar test on the paired
+episodes, more lost than gained).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class ValidationConfig:
     samples_per_state: Annotated[int, Range(1)] = 1  # episodes per state (> 1 with temperature > 0)
     temperature: Annotated[float, Range(0)] = 0.0  # the evaluation protocol's: 0 greedy, as LIBERO's protocol
     keep_best: bool = True  # the run's result is the checkpoint with the best validation success
+    # a checkpoint becomes the best only when its gain over the start is significant at this level
+    # (exact McNemar on the paired episodes); 1: any gain. Below 1, a run whose checks cannot tell
+    # training's gains from sampling noise keeps its starting checkpoint.
+    accept_p: Annotated[float, Range(0, 1)] = 1.0
     early_stop: bool = True  # stop when validation success falls significantly below the start's
     stop_p: Annotated[float, Range(0, 1)] = 0.05  # significance of that fall (exact McNemar, paired episodes)
 
@@ -55,7 +60,7 @@ class ValidationTracker:
         if self.start is None:
             self.start, self.best_step, self.best_success = dict(episodes), step, success
             return {"val_success": success, "val_success_start": success, "val_gained": 0, "val_lost": 0,
-                    "val_p_worse": 1.0, "val_best_step": step, "val_improved": False, "val_stop": False}
+                    "val_p_worse": 1.0, "val_p_better": 1.0, "val_best_step": step, "val_improved": False, "val_stop": False}
         missing = set(self.start) ^ set(episodes)
         if missing:
             raise ValueError(f"validation check at step {step} ran other episodes than the first ({len(missing)} "
@@ -63,14 +68,16 @@ class ValidationTracker:
         gained = sum(1 for k in episodes if episodes[k] and not self.start[k])
         lost = sum(1 for k in episodes if self.start[k] and not episodes[k])
         p_worse = mcnemar_exact(gained, lost) if lost > gained else 1.0
-        improved = success > self.best_success
+        p_better = mcnemar_exact(gained, lost) if gained > lost else 1.0
+        improved = success > self.best_success and p_better <= self.config.accept_p
         if improved:
             self.best_step, self.best_success = step, success
         stop = bool(self.config.early_stop and p_worse < self.config.stop_p)
         if stop:
             self.stopped_at = step
         return {"val_success": success, "val_success_start": float(np.mean(list(self.start.values()))),
-                "val_gained": gained, "val_lost": lost, "val_p_worse": p_worse, "val_best_step": self.best_step,
+                "val_gained": gained, "val_lost": lost, "val_p_worse": p_worse, "val_p_better": p_better,
+                "val_best_step": self.best_step,
                 "val_improved": improved, "val_stop": stop}
 
     def state_dict(self) -> dict:
