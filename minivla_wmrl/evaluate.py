@@ -346,8 +346,9 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
             with env_pool([factory] * min(config.envs, len(todo)), config.backend, config.ray_address,
                           config.envs_per_worker) as envs:
                 task_id = envs.infos[0].task_id
-                starts = (list(range(max(trial_ids[task]) + 1)) if config.init_states == "published" else
-                          vector_training_init_states(envs, 0, max(trial_ids[task]) + 1, DRAWN_BASES[config.init_states]))
+                count = max(trial_ids[task]) + 1
+                starts = (list(range(count)) if config.init_states == "published" else
+                          vector_training_init_states(envs, 0, count, DRAWN_BASES[config.init_states]))
                 specs = [EpisodeSpec(task_id, starts[i], seed=i + SAMPLE_SEED_STRIDE * k, tag=(i, k)) for i, k in todo]
                 RolloutEngine(policy, envs, rollout, cameras).run(specs, on_episode, progress,
                                                                   desc=f"{config.suite} task {task}")

@@ -60,7 +60,8 @@ class ValidationTracker:
         if self.start is None:
             self.start, self.best_step, self.best_success = dict(episodes), step, success
             return {"val_success": success, "val_success_start": success, "val_gained": 0, "val_lost": 0,
-                    "val_p_worse": 1.0, "val_p_better": 1.0, "val_best_step": step, "val_improved": False, "val_stop": False}
+                    "val_p_worse": 1.0, "val_p_better": 1.0, "val_best_step": step, "val_improved": False,
+                    "val_stop": False}
         missing = set(self.start) ^ set(episodes)
         if missing:
             raise ValueError(f"validation check at step {step} ran other episodes than the first ({len(missing)} "
