@@ -125,7 +125,8 @@ def checkpoint_hash(directory: Path, progress: bool = False) -> str:
     return digest.hexdigest()
 
 
-SETTING_DEFAULTS = {"center_crop": False, "init_states": "published"}  # settings recorded later: what evaluations written before them ran with
+# settings recorded later: what evaluations written before them ran with
+SETTING_DEFAULTS = {"center_crop": False, "init_states": "published"}
 
 
 def setting(recorded: dict, key: str):
