@@ -41,10 +41,11 @@ def check_pool_settings(backend: str, envs_per_worker: int = 1) -> None:
                          "per actor or all in this process)")
 
 
-def env_pool(factories, backend: str = "local", address: str | None = None, envs_per_worker: int = 1):
+def env_pool(factories, backend: str = "local", address: str | None = None, envs_per_worker: int = 1,
+             step_timeout_s: float | None = None, start_timeout_s: float | None = None):
     """The pool that runs the envs: `local` worker processes (`VectorEnv`, `envs_per_worker` envs in
     each), Ray actors (`RayVectorEnv`, one env each), or `inline` in this process (`InlineEnvs`, for
-    cheap envs)."""
+    cheap envs). Timeouts None: the backend's defaults."""
     check_pool_settings(backend, envs_per_worker)
     if backend == "inline":
         from envs.vector_env import InlineEnvs
@@ -53,7 +54,8 @@ def env_pool(factories, backend: str = "local", address: str | None = None, envs
     if backend == "local":
         from envs.vector_env import VectorEnv
 
-        return VectorEnv(factories, envs_per_worker=envs_per_worker)
+        timeouts = {"step_timeout_s": step_timeout_s, "start_timeout_s": start_timeout_s}
+        return VectorEnv(factories, envs_per_worker=envs_per_worker, **{k: v for k, v in timeouts.items() if v})
     from envs.ray_env import RayVectorEnv
 
-    return RayVectorEnv(factories, address=address)
+    return RayVectorEnv(factories, address=address, **({"step_timeout_s": step_timeout_s} if step_timeout_s else {}))

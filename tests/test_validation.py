@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minivla_wmrl.init_states import TRAIN_SEED_BASE, VALIDATION_SEED_BASE, check_disjoint, training_init_states
+from minivla_wmrl.rl.init_states import TRAIN_SEED_BASE, VALIDATION_SEED_BASE, check_disjoint, training_init_states
 from minivla_wmrl.train.grpo import GRPOTrainer, train_grpo
 from minivla_wmrl.train.validation import ValidationConfig, ValidationTracker
 from tests.test_learning import goal_for, learning_recipe, weak_policy

@@ -22,16 +22,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from envs.libero_env import LiberoEnv
 from envs.factory import env_pool
-from minivla_wmrl.action_tokenizer import ActionTokenizer
+from envs.libero_env import LiberoEnv
 from minivla_wmrl.bench.policy import naive_query
 from minivla_wmrl.bench.same_work import check_cameras_differ, check_same_frames
-from minivla_wmrl.normalization import ActionStatistics
+from minivla_wmrl.infra.outputs import write_json_output
 from minivla_wmrl.policy import MiniVLA, preset
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
+from minivla_wmrl.policy.normalization import ActionStatistics
 from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
-from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-from minivla_wmrl.outputs import write_json_output
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 
 
 def random_policy(preset_name: str, seed: int) -> MiniVLA:

@@ -16,8 +16,8 @@ import numpy as np
 from envs.libero_env import LiberoEnv
 from envs.vector_env import VectorEnv
 from minivla_wmrl.bench.rollout import random_policy
-from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-from minivla_wmrl.outputs import write_json_output
+from minivla_wmrl.infra.outputs import write_json_output
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 
 
