@@ -11,6 +11,8 @@ import inspect
 
 from envs.gym_env import GymRobotEnv
 from envs.libero_env import LiberoEnv
+from envs.ray_env import RayVectorEnv
+from envs.vector_env import InlineEnvs, VectorEnv
 
 GYM = "gym"
 
@@ -48,14 +50,8 @@ def env_pool(factories, backend: str = "local", address: str | None = None, envs
     cheap envs). Timeouts None: the backend's defaults."""
     check_pool_settings(backend, envs_per_worker)
     if backend == "inline":
-        from envs.vector_env import InlineEnvs
-
         return InlineEnvs(factories)
     if backend == "local":
-        from envs.vector_env import VectorEnv
-
         timeouts = {"step_timeout_s": step_timeout_s, "start_timeout_s": start_timeout_s}
         return VectorEnv(factories, envs_per_worker=envs_per_worker, **{k: v for k, v in timeouts.items() if v})
-    from envs.ray_env import RayVectorEnv
-
     return RayVectorEnv(factories, address=address, **({"step_timeout_s": step_timeout_s} if step_timeout_s else {}))

@@ -25,6 +25,7 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from envs.factory import GYM
 from envs.libero_env import (
@@ -49,6 +50,7 @@ from minivla_wmrl.infra.config import (
     config_from_dict,
 )
 from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
+from minivla_wmrl.infra.run_checkpoint import RUN_FILES
 from minivla_wmrl.infra.versions import record_versions
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.policy.minivla import MiniVLA
@@ -117,10 +119,6 @@ HASH_PROGRESS_BYTES = 256 << 20  # checkpoints larger than this hash behind a pr
 
 def checkpoint_hash(directory: Path, progress: bool = False) -> str:
     """sha256 over the checkpoint's files (names and contents), training state and recipe excluded."""
-    from tqdm import tqdm
-
-    from minivla_wmrl.infra.run_checkpoint import RUN_FILES
-
     paths = sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name not in RUN_FILES)
     total = sum(p.stat().st_size for p in paths)
     digest = hashlib.sha256()

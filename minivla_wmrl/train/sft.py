@@ -59,6 +59,7 @@ from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenize
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.policy.normalization import ActionStatistics
 from minivla_wmrl.policy.storage import write_policy
+from minivla_wmrl.policy.tokenizer import add_action_tokens, tiny_qwen_style_tokenizer
 from minivla_wmrl.train.vq import VQTrainConfig, split_episodes, train_action_tokenizer
 
 
@@ -155,11 +156,9 @@ class ResumableBatchSampler(Sampler):
 
 
 def _tokenizer(spec: str):
-    from minivla_wmrl.policy.tokenizer import add_action_tokens, tiny_qwen_style_tokenizer
-
     if spec == "tiny":
         return tiny_qwen_style_tokenizer()
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers: seconds to import; the tiny tokenizer needs none
 
     if not Path(spec).is_dir():
         raise FileNotFoundError(f"policy.tokenizer {spec!r} is neither 'tiny' nor a local tokenizer directory "

@@ -31,6 +31,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 import minivla_wmrl.policy.frame_encoder  # noqa: F401 - registers the world model's "policy:<checkpoint>" encoder
+from minivla_wmrl.data.replay import write_replay
 from minivla_wmrl.data.trajectories import (
     LabelledTrajectory,
     demo_trajectories,
@@ -59,7 +60,10 @@ from minivla_wmrl.infra.run_checkpoint import (
     save_checkpoint,
 )
 from minivla_wmrl.infra.run_log import MetricsLog
+from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.rl.env_setup import EnvSetup
+from minivla_wmrl.rl.init_states import vector_training_init_states
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from minivla_wmrl.train.vq import split_episodes
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 from world_models.scorer import sample_frame_indices
@@ -201,7 +205,7 @@ class WorldModelTrainer:
     @torch.no_grad()
     def metrics(self, trajectories: list[LabelledTrajectory]) -> dict:
         """Held-out success AUROC, progress rank correlation on successes, success calibration error."""
-        from scipy.stats import spearmanr
+        from scipy.stats import spearmanr  # scipy.stats: ~0.5 s to import; only the held-out metrics need it
 
         prediction = self.model.predict_trajectories([t.frames for t in trajectories],
                                                      [t.instruction for t in trajectories])
@@ -231,11 +235,6 @@ def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
     """Run a policy on RL training init states of each task and save the real-labelled trajectories
     (their frames at `out`, for the world model; their policy signals in the replay store beside it,
     `replay/collect.hdf5`, for outcome probes)."""
-    from minivla_wmrl.data.replay import write_replay
-    from minivla_wmrl.policy.minivla import MiniVLA
-    from minivla_wmrl.rl.init_states import vector_training_init_states
-    from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-
     policy = MiniVLA.from_pretrained(collect.checkpoint)
     cameras = ("agentview", "wrist")[:policy.config.num_images]
     labelled, executed = [], []
