@@ -150,7 +150,8 @@ def path_settings(cls):
 
 RECIPE_INPUTS = {"sft": {"data": {"paths": ["{demo}"]}}, "wm": {"data": {"demos": ["{demo}"]}}, "grpo": {},
                  "run": {"data": ["{demo}"]}}
-PATH_CASES = [(c, key, kind, many) for c, cls in CONFIGS.items() for key, kind, many in path_settings(cls)]
+PATH_CASES = [(c, key, kind, many) for c, cls in CONFIGS.items() for key, kind, many in path_settings(cls)
+              if c != "ablate"]  # an ablation recipe's input paths are the pipeline's
 
 
 def _valid_demo(path):
