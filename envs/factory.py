@@ -11,6 +11,8 @@ import inspect
 
 from envs.gym_env import GymRobotEnv
 from envs.libero_env import LiberoEnv
+from envs.ray_env import RayVectorEnv
+from envs.vector_env import InlineEnvs, VectorEnv
 
 GYM = "gym"
 
@@ -41,19 +43,15 @@ def check_pool_settings(backend: str, envs_per_worker: int = 1) -> None:
                          "per actor or all in this process)")
 
 
-def env_pool(factories, backend: str = "local", address: str | None = None, envs_per_worker: int = 1):
+def env_pool(factories, backend: str = "local", address: str | None = None, envs_per_worker: int = 1,
+             step_timeout_s: float | None = None, start_timeout_s: float | None = None):
     """The pool that runs the envs: `local` worker processes (`VectorEnv`, `envs_per_worker` envs in
     each), Ray actors (`RayVectorEnv`, one env each), or `inline` in this process (`InlineEnvs`, for
-    cheap envs)."""
+    cheap envs). Timeouts None: the backend's defaults."""
     check_pool_settings(backend, envs_per_worker)
     if backend == "inline":
-        from envs.vector_env import InlineEnvs
-
         return InlineEnvs(factories)
     if backend == "local":
-        from envs.vector_env import VectorEnv
-
-        return VectorEnv(factories, envs_per_worker=envs_per_worker)
-    from envs.ray_env import RayVectorEnv
-
-    return RayVectorEnv(factories, address=address)
+        timeouts = {"step_timeout_s": step_timeout_s, "start_timeout_s": start_timeout_s}
+        return VectorEnv(factories, envs_per_worker=envs_per_worker, **{k: v for k, v in timeouts.items() if v})
+    return RayVectorEnv(factories, address=address, **({"step_timeout_s": step_timeout_s} if step_timeout_s else {}))

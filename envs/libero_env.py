@@ -12,7 +12,9 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import subprocess
 import sys
+import tempfile
 import types
 import zipfile
 from contextlib import contextmanager, nullcontext
@@ -70,7 +72,7 @@ def read_init_states(bench, task_index: int) -> np.ndarray:
     """A task's published init states. LIBERO stores them with `torch.save` of a numpy array (a zip
     holding one pickle); reading that pickle directly gives the same array without torch, which
     would otherwise be the only reason an env worker loads it (~0.5 GB resident)."""
-    from libero.libero import get_libero_path
+    from libero.libero import get_libero_path  # libero: prompts for a config until configure_libero() ran
 
     task = bench.get_task(task_index)
     path = os.path.join(get_libero_path("init_states"), task.problem_folder, task.init_states_file)
@@ -92,7 +94,7 @@ class _TorchOnDemand(types.ModuleType):
     def __getattr__(self, name: str):
         if sys.modules.get("torch") is self:  # used while standing in: the real torch takes its place
             del sys.modules["torch"]
-        import torch
+        import torch  # the point of this class: torch (~1 s, ~0.5 GB) only when LIBERO uses it
 
         return getattr(torch, name)
 
@@ -110,10 +112,7 @@ def compile_apart(xml: str, where: str):
     meshes and textures, and allocations it keeps for later compiles) on top of the model itself;
     an env that compiles once has no use for them. Loading the binary gives the identical model.
     """
-    import subprocess
-    import tempfile
-
-    import mujoco
+    import mujoco  # simulator (~0.2 s): only when a scene is compiled; env-free commands import this module
 
     scratch = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(dir=scratch, prefix="minivla_wmrl_mjb_") as tmp:
@@ -131,7 +130,7 @@ def compiled_apart(where: str, on_compiled: Callable[[str], None]):
     """While robosuite builds a sim (a LIBERO env, or a hard reset), compile it with `compile_apart`
     and hand its saved XML to `on_compiled`. robosuite has no hook for it, so its XML-to-sim
     constructor is wrapped for the duration."""
-    import robosuite.utils.binding_utils as binding
+    import robosuite.utils.binding_utils as binding  # robosuite: ~0.5 s, and reads MUJOCO_GL: after prepare_gl()
 
     def from_xml_string(cls, xml: str):
         model, saved_xml = compile_apart(xml, where)
@@ -151,12 +150,12 @@ def _import_benchmark():
     its `import torch` (for `torch.load` of init states only) would put ~0.5 GB of torch into
     every env worker. A placeholder answers that import and is removed right after."""
     if "torch" in sys.modules or "libero.libero.benchmark" in sys.modules:
-        from libero.libero import benchmark
+        from libero.libero import benchmark  # after configure_libero(), with torch stood in for (below)
 
         return benchmark
     placeholder = sys.modules["torch"] = _TorchOnDemand("torch")
     try:
-        from libero.libero import benchmark
+        from libero.libero import benchmark  # the placeholder must be in place first
     finally:
         if sys.modules.get("torch") is placeholder:
             del sys.modules["torch"]
@@ -250,7 +249,7 @@ class LiberoEnv(RobotEnv):
         self._rendered_last_step = False
 
         prepare_gl()
-        from libero.libero import get_libero_path
+        from libero.libero import get_libero_path  # simulator (robosuite, ~0.5 s): after configure and prepare_gl()
         from libero.libero.envs import OffScreenRenderEnv
 
         bddl = os.path.join(get_libero_path("bddl_files"), self.task.problem_folder, self.task.bddl_file)
@@ -268,7 +267,7 @@ class LiberoEnv(RobotEnv):
         self.seed = seed
         self._make_camera_sensors_lazy()
         self._raw_obs: dict = {}
-        from envs.render_context import release_current
+        from envs.render_context import release_current  # imports robosuite (~0.5 s): only built envs need it
 
         release_current()  # robosuite's first render left the context current in this thread
 
@@ -296,7 +295,7 @@ class LiberoEnv(RobotEnv):
         """This env's GL context current for the duration, and none after. robosuite renders into, and
         frees GL objects of, whichever context is current (another env's, built or rendered since);
         released, the context can be made current next by any thread."""
-        from envs.render_context import release_current
+        from envs.render_context import release_current  # imports robosuite (~0.5 s): only built envs need it
 
         context = self.sim._render_context_offscreen
         if context is not None:
@@ -313,7 +312,7 @@ class LiberoEnv(RobotEnv):
         """The render contexts robosuite makes for this env's sims (at build, and at every hard reset):
         envs of one scene compiled apart share its GL upload; otherwise each gets a private context
         (`envs.render_context`)."""
-        from envs.render_context import render_context_factory, rendering_through, scene_digest
+        from envs.render_context import render_context_factory, rendering_through, scene_digest  # robosuite, ~0.5 s
 
         shared = self.compile_apart and self.soft_reset
         return rendering_through(render_context_factory(
@@ -362,7 +361,7 @@ class LiberoEnv(RobotEnv):
         """A new raw init state drawn by LIBERO's own placement samplers from an RNG seeded with `seed`.
 
         The published 50 init states were drawn by the same samplers; new draws give RL training
-        states disjoint from the evaluation states (see `minivla_wmrl.init_states`). The published
+        states disjoint from the evaluation states (see `minivla_wmrl.rl.init_states`). The published
         states also start the arm off its nominal pose (robosuite's default initialisation noise:
         ~0.02 rad per joint, measured on libero_90 tasks 0 and 28), which LIBERO's resets here do
         not apply: without it every drawn state would start the arm at exactly the same pose.
@@ -439,7 +438,7 @@ class LiberoEnv(RobotEnv):
 
 def libero_proprio(obs: dict) -> np.ndarray:
     """End-effector position (3), axis-angle orientation (3), gripper joint positions (2)."""
-    from robosuite.utils.transform_utils import quat2axisangle
+    from robosuite.utils.transform_utils import quat2axisangle  # robosuite: ~0.5 s; only with a live env
 
     return np.concatenate([obs["robot0_eef_pos"], quat2axisangle(np.array(obs["robot0_eef_quat"])),
                            obs["robot0_gripper_qpos"]]).astype(np.float32)

@@ -32,16 +32,16 @@ from typing import Callable
 
 import mujoco
 import numpy as np
+import robosuite.environments.base as robosuite_base
+from robosuite.utils import binding_utils
 from robosuite.utils.binding_utils import GLContext, MjRenderContext, MjRenderContextOffscreen
 
 
 def _egl():
     """robosuite's EGL module when it renders through EGL, else None (OSMesa, GLFW)."""
-    from robosuite.utils import binding_utils
-
     if binding_utils._MUJOCO_GL != "egl":
         return None
-    from robosuite.renderers.context import egl_context
+    from robosuite.renderers.context import egl_context  # raises ImportError unless rendering through EGL
 
     return egl_context if egl_context.EGL_DISPLAY is not None else None
 
@@ -216,14 +216,12 @@ def rendering_through(make_context):
     """While robosuite builds an env or hard-resets it (a new sim), its sims get their render context
     from `make_context` (robosuite has no hook for it, so the name its base env calls is replaced for
     the duration)."""
-    import robosuite.environments.base as base
-
-    private = base.MjRenderContextOffscreen
-    base.MjRenderContextOffscreen = make_context
+    private = robosuite_base.MjRenderContextOffscreen
+    robosuite_base.MjRenderContextOffscreen = make_context
     try:
         yield
     finally:
-        base.MjRenderContextOffscreen = private
+        robosuite_base.MjRenderContextOffscreen = private
 
 
 _MADV_DONTNEED = 4

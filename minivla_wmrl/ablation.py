@@ -35,21 +35,32 @@ from typing import Annotated
 
 import numpy as np
 
-from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.outputs import check_output_dir, create_output_dir
-from minivla_wmrl.checkpoint import read_json, recipe_differences
-from minivla_wmrl.config import Range, apply_overrides, check_config, config_from_dict, load_recipe
-from minivla_wmrl.plots import plot_ablation
-from minivla_wmrl.statistics import RATE_BOUNDS, SEED_LEVEL_UNIT, mean_interval, rate, seed_level_difference
-from minivla_wmrl.versions import run_versions
+from minivla_wmrl.evaluation.compare import by_state, check_comparable, load_evaluation
+from minivla_wmrl.evaluation.evaluate import evaluate
+from minivla_wmrl.evaluation.plots import plot_ablation
+from minivla_wmrl.evaluation.statistics import RATE_BOUNDS, SEED_LEVEL_UNIT, mean_interval, rate, seed_level_difference
+from minivla_wmrl.infra.atomic import atomic_file
+from minivla_wmrl.infra.config import (
+    RUNTIME,
+    Range,
+    apply_overrides,
+    check_config,
+    config_from_dict,
+    load_recipe,
+    marked_keys,
+)
+from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
+from minivla_wmrl.infra.run_checkpoint import read_json, recipe_differences
+from minivla_wmrl.infra.versions import run_versions
+from minivla_wmrl.pipeline import Pipeline, PipelineRecipe, dry_run
+from minivla_wmrl.train.grpo import GRPORecipe, train_grpo, validate
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
 SEED_LIMIT = 2**32  # GRPO seeds reach numpy: 0 <= seed < 2**32
 # what every cell shares, set by the ablation (out, seed) or the pipeline (the start and the tasks):
 # an arm that set one would silently run with the ablation's value instead
 ARM_MAY_NOT_SET = ("out", "grpo.seed", "policy.checkpoint", "env.suite", "env.tasks", "env.gym")
-CELL_MAY_DIFFER = ("out", "resume", "env.backend", "env.ray_address", "env.envs_per_worker",
-                   "policy.device")  # do not change results
+CELL_MAY_DIFFER = marked_keys(GRPORecipe, RUNTIME)  # where and how a cell runs, not what it computes
 
 
 @dataclass
@@ -68,10 +79,15 @@ class AblationConfig:
     eval_every: Annotated[int, Range(0)] = 0
 
 
+@dataclass
+class AblationRecipe(PipelineRecipe):
+    """A pipeline recipe whose `ablation:` section is read (a plain `run` ignores it)."""
+
+    ablation: AblationConfig = field(default_factory=AblationConfig)
+
+
 def cell_recipe(recipe, arm_index: int, seed: int):
     """The GRPO recipe of one (arm, seed) cell: the pipeline's GRPO section + the arm's overrides."""
-    from minivla_wmrl.train.grpo import GRPORecipe
-
     ablation, arm = recipe.ablation, recipe.ablation.arms[arm_index]
     data = apply_overrides(asdict(recipe.grpo), arm.overrides)
     grpo = config_from_dict(GRPORecipe, data, f"ablation arm {arm.name!r}")
@@ -101,11 +117,7 @@ def evaluated_steps(checkpoints: list[Path], eval_every: int) -> list[Path]:
 
 def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
     """Train one cell's GRPO run (resuming it if interrupted), evaluate its checkpoints, write cell.json."""
-    from minivla_wmrl.evaluate import evaluate
-    from minivla_wmrl.pipeline import Pipeline, PipelineRecipe
-    from minivla_wmrl.train.grpo import train_grpo
-
-    recipe = config_from_dict(PipelineRecipe, recipe_data, "ablation recipe")
+    recipe = config_from_dict(AblationRecipe, recipe_data, "ablation recipe")
     pipeline = Pipeline(recipe)
     grpo = cell_recipe(recipe, arm_index, seed)
     directory = Path(grpo.out)
@@ -135,9 +147,7 @@ def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
     return cell
 
 
-def check_ablation(recipe) -> None:
-    from minivla_wmrl.train.grpo import validate
-
+def check_ablation(recipe: AblationRecipe) -> None:
     ablation = recipe.ablation
     if not ablation.arms:
         raise ValueError("ablation.arms is empty; list the GRPO arms to compare (name + overrides)")
@@ -174,11 +184,8 @@ def check_ablation(recipe) -> None:
                                      f"{'; '.join(changed)}; restore them, or delete the cell to run it again")
 
 
-def run_ablation(recipe, parallel: int = 1) -> dict:
+def run_ablation(recipe: AblationRecipe, parallel: int = 1) -> dict:
     """Stages demos…wm (finished ones kept), the SFT evaluation, every cell, then the report."""
-    from minivla_wmrl.evaluate import evaluate
-    from minivla_wmrl.pipeline import Pipeline
-
     pipeline = Pipeline(recipe)  # fills in the SFT checkpoint and world model every cell starts from
     check_ablation(recipe)
     if parallel < 1:
@@ -222,8 +229,6 @@ def write_report(report: dict, out: Path) -> None:
 def _read_cell(directory: Path) -> dict:
     """A finished cell, each evaluation's success and episodes read from the evaluation on disk (the
     episodes the paired comparisons use), not from the copy in cell.json."""
-    from minivla_wmrl.compare import load_evaluation
-
     cell = json.loads((directory / "cell.json").read_text())
     for evaluation in cell["evaluations"]:  # where the cell directory is now, whatever the working directory
         eval_dir = directory / "eval" / Path(evaluation.pop("eval_dir")).name
@@ -240,16 +245,12 @@ def _episode_rows(results: dict) -> list[list]:
 
 def _by_state(rows: list[list]) -> dict:
     """`compare.by_state` of episode rows: the init state is the unit resampled."""
-    from minivla_wmrl.compare import by_state
-
     return by_state({(task, trial, sample): bool(success) for task, trial, sample, success in rows})
 
 
 def collect_evidence(recipe, sft_eval: Path) -> dict:
     """Everything the report is computed from, as JSON: the SFT evaluation's episodes and, per arm
     and seed, each evaluated checkpoint's episodes, real-simulator use and training metrics."""
-    from minivla_wmrl.compare import check_comparable, load_evaluation
-
     ablation = recipe.ablation
     sft_settings, sft_results = load_evaluation(sft_eval)
     arms = []
@@ -480,8 +481,6 @@ def report_from_json(path: Path) -> dict:
 
 
 def main(args) -> None:
-    from minivla_wmrl.pipeline import PipelineRecipe
-
     if args.from_json:
         if args.recipe or args.overrides:
             raise ValueError("ablate --from-json recomputes a written report; it takes no recipe or overrides")
@@ -493,6 +492,13 @@ def main(args) -> None:
         return
     if not args.recipe:
         raise ValueError("ablate needs a recipe (e.g. recipes/rl_cpu.yaml), or --from-json ablation.json")
-    recipe = load_recipe(PipelineRecipe, Path(args.recipe), args.overrides)
+    recipe = load_recipe(AblationRecipe, Path(args.recipe), args.overrides)
+    if args.dry_run:
+        report = dry_run(recipe)
+        check_ablation(recipe)
+        cells = sum(len(arm_seeds(recipe.ablation, arm)) for arm in recipe.ablation.arms)
+        print(f"{args.recipe}: valid. {len(recipe.ablation.arms)} arm(s), {cells} cell(s) on {report['suite']} "
+              f"task(s) {report['tasks']}")
+        return
     run_ablation(recipe, args.parallel)
     print(f"ablation: {Path(recipe.out) / 'ablation' / 'ablation.md'}")

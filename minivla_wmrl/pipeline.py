@@ -10,20 +10,32 @@ model) and writes everything under `out/`: `demos/ vq/ sft/ wm/ grpo/ eval/ plot
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Annotated
 
+import torch
+
 from envs.factory import GYM
-from minivla_wmrl.ablation import AblationConfig
-from minivla_wmrl.config import InputPath, Range, check_input_paths, load_recipe
-from minivla_wmrl.evaluate import EvalConfig, EvalProtocol
-from minivla_wmrl.outputs import create_output_dir, replaced_directory
-from minivla_wmrl.train.grpo import GRPORecipe
-from minivla_wmrl.train.sft import SFTRecipe
-from minivla_wmrl.train.vq import VQTrainConfig
-from minivla_wmrl.train.wm import WMRecipe
+from envs.gym_env import register_known_packages
+from envs.libero_env import get_suite, resolve_task
+from minivla_wmrl.data.gym_demos import generate_gym_demos
+from minivla_wmrl.evaluation.compare import compare, comparison_table
+from minivla_wmrl.evaluation.evaluate import EvalConfig, EvalProtocol, evaluate, format_rate
+from minivla_wmrl.evaluation.plots import plot_calibration, plot_training_curves
+from minivla_wmrl.infra.config import InputPath, Range, check_input_paths, load_recipe
+from minivla_wmrl.infra.outputs import create_output_dir, replaced_directory
+from minivla_wmrl.infra.run_checkpoint import RUN_FILES, selected_checkpoint
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.policy.config import preset
+from minivla_wmrl.policy.info import parameter_counts
+from minivla_wmrl.train.grpo import GRPORecipe, train_grpo, validate
+from minivla_wmrl.train.sft import SFTRecipe, train_sft
+from minivla_wmrl.train.vq import VQTrainConfig, run_vq
+from minivla_wmrl.train.wm import WMRecipe, train_world_model
+from world_models.progress_model import ProgressWorldModel
 
 STAGES = ("demos", "vq", "sft", "wm", "grpo", "eval")
 WHERE = {
@@ -63,8 +75,8 @@ class VQStage:
 
 @dataclass(kw_only=True)
 class EvalStage(EvalProtocol):
-    """`minivla-wmrl eval`'s protocol settings; the pipeline supplies the checkpoint, suite, tasks,
-    image convention, device and output."""
+    """`minivla-wmrl eval`'s protocol settings; the pipeline connects the suite, tasks and image
+    convention, and supplies the checkpoint, device and output."""
 
     checkpoints: list[str] = field(default_factory=lambda: ["sft", "grpo"])  # which stages' checkpoints to evaluate
 
@@ -83,7 +95,8 @@ class PipelineRecipe:
     wm: WMRecipe = field(default_factory=WMRecipe)
     grpo: GRPORecipe = field(default_factory=GRPORecipe)
     eval: EvalStage = field(default_factory=EvalStage)
-    ablation: AblationConfig = field(default_factory=AblationConfig)  # `minivla-wmrl ablate` only
+    # `minivla-wmrl ablate`'s section, read and checked there (`ablation.AblationRecipe`); `run` ignores it
+    ablation: dict = field(default_factory=dict)
 
 
 class Pipeline:
@@ -102,8 +115,6 @@ class Pipeline:
         """Fill each stage's recipe with the outputs of the stages before it."""
         r, out, w, wire = self.r, self.out, self.r.weights, self._wire
         if r.tasks == ["all"] and r.suite != GYM:
-            from envs.libero_env import get_suite
-
             r.tasks = [str(i) for i in range(get_suite(r.suite).n_tasks)]
         wire("sft.out", str(out / "sft"))
         wire("sft.data.paths", self.data)
@@ -113,14 +124,15 @@ class Pipeline:
         if w.minivla_run_dir:
             wire("sft.policy.init_checkpoint", str(out / "pretrained"))
         convention = r.sft.data.image_convention  # every stage sees images as the policy was trained on them
-        for key in ("wm.data.image_convention", "wm.collect.image_convention", "grpo.env.image_convention"):
+        for key in ("wm.data.image_convention", "wm.collect.image_convention", "grpo.env.image_convention",
+                    "eval.image_convention"):
             wire(key, convention)
         wire("wm.out", str(out / "wm"))
         wire("wm.data.demos", self.data)
         collects = r.wm.collect.episodes_per_task > 0
         if collects:
             wire("wm.collect.checkpoint", str(out / "sft" / "final"))
-        for stage in ("wm.collect", "grpo.env") if collects else ("grpo.env",):
+        for stage in ("wm.collect", "grpo.env", "eval") if collects else ("grpo.env", "eval"):
             wire(f"{stage}.suite", r.suite)
             wire(f"{stage}.tasks", list(r.tasks))
             wire(f"{stage}.gym", dict(r.gym))
@@ -174,11 +186,9 @@ class Pipeline:
         return stage in done and done[stage].exists()
 
     def eval_config(self, checkpoint: Path, out: Path) -> EvalConfig:
-        """The recipe's evaluation protocol for one checkpoint."""
+        """The recipe's evaluation protocol for one checkpoint (suite, tasks and images connected)."""
         protocol = {f.name: getattr(self.r.eval, f.name) for f in fields(EvalProtocol)}
-        return EvalConfig(**protocol, checkpoint=str(checkpoint), suite=self.r.suite, out=str(out),
-                          tasks=list(self.r.tasks), image_convention=self.r.sft.data.image_convention,
-                          device=self.r.sft.policy.device, gym=dict(self.r.gym))
+        return EvalConfig(**protocol, checkpoint=str(checkpoint), out=str(out), device=self.r.sft.policy.device)
 
     def run(self, stages=STAGES, skip_finished: bool = False) -> dict:
         """Run `stages` in order; `skip_finished` keeps the outputs of stages already complete."""
@@ -204,35 +214,27 @@ class Pipeline:
         return results
 
     def stage_demos(self) -> list[dict]:
-        from minivla_wmrl.data.demos import generate_demos
-
         d, states = self.r.demos, list(range(self.r.demos.max_episodes))
         if self.r.suite == GYM:
-            from minivla_wmrl.data.gym_demos import generate_gym_demos
-
             reports = [generate_gym_demos(task, self.r.gym["instruction"], d.num, self.out / "demos", states,
                                           self.r.gym.get("resolution", 224)) for task in d.tasks]
         else:
+            from minivla_wmrl.data.demos import generate_demos  # imports robosuite (simulator, ~0.5 s): LIBERO only
+
             reports = [generate_demos(self.r.suite, task, d.num, self.out / "demos", states, d.resolution)
                        for task in d.tasks]
         (self.out / "demos" / "demos_report.json").write_text(json.dumps(reports, indent=2))
         return reports
 
     def stage_vq(self) -> dict:
-        from minivla_wmrl.train.vq import run_vq
-
         return run_vq(self.data, self.out / "vq", self.r.vq.train, self.r.sft.data.chunk_len,
                       self.r.sft.data.dataset_name)
 
     def stage_sft(self) -> dict:
-        import shutil
-
-        from minivla_wmrl.checkpoint import RUN_FILES
-        from minivla_wmrl.policy.checkpoint import import_prismatic
-        from minivla_wmrl.train.sft import train_sft
-
         w = self.r.weights
         if w.minivla_run_dir and not (self.out / "pretrained").exists():
+            from minivla_wmrl.policy.prismatic import import_prismatic  # imports transformers (~1 s): conversion only
+
             import_prismatic(Path(w.minivla_run_dir), Path(w.vq_dir), Path(w.qwen_dir), self.r.sft.policy.preset,
                              w.unnorm_key).save_pretrained(self.out / "pretrained")
         result = train_sft(self.r.sft)
@@ -242,25 +244,15 @@ class Pipeline:
         return {k: v for k, v in result.items() if k != "history"}
 
     def stage_wm(self) -> dict:
-        from minivla_wmrl.train.wm import train_world_model
-
         result = train_world_model(self.r.wm)
         return {k: v for k, v in result.items() if k not in ("model", "trainer")}
 
     def stage_grpo(self) -> dict:
-        from minivla_wmrl.plots import plot_calibration
-        from minivla_wmrl.train.grpo import train_grpo
-
         result = train_grpo(self.r.grpo)
         plot_calibration(result["trainer"].debiaser, self.out / "plots" / "wm_calibration.png")
         return {"checkpoint": result["checkpoint"], "last": result["history"][-1] if result["history"] else {}}
 
     def stage_eval(self) -> dict:
-        from minivla_wmrl.compare import compare, comparison_table
-        from minivla_wmrl.evaluate import evaluate
-        from minivla_wmrl.plots import plot_training_curves
-        from minivla_wmrl.checkpoint import selected_checkpoint
-
         e, infos, directories = self.r.eval, {}, []
         for name in e.checkpoints:
             # GRPO's result: its best checkpoint by validation success when it validated, else its latest
@@ -282,8 +274,6 @@ class Pipeline:
 
 def success_table(infos: dict[str, dict]) -> str:
     """Success per task and overall for each evaluated checkpoint, with 95% Wilson intervals."""
-    from minivla_wmrl.evaluate import format_rate
-
     names = list(infos)
     first = next(iter(infos.values()))
     lines = ["| task | instruction | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
@@ -296,20 +286,9 @@ def success_table(infos: dict[str, dict]) -> str:
 
 def dry_run(recipe: PipelineRecipe) -> dict:
     """Validate the recipe and build every component on the meta device; report the user inputs."""
-    import torch
-
-    from envs.libero_env import get_suite, resolve_task
-    from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-    from minivla_wmrl.policy.config import preset
-    from minivla_wmrl.policy.info import parameter_counts
-    from minivla_wmrl.train.grpo import validate
-    from world_models.progress_model import ProgressWorldModel
-
     pipeline = Pipeline(recipe)
     if recipe.suite == GYM:
-        import gymnasium
-
-        from envs.gym_env import register_known_packages
+        import gymnasium  # ~0.2 s: only gymnasium recipes need it (LIBERO ones do not)
 
         register_known_packages()
         unknown = [t for t in recipe.tasks if t not in gymnasium.registry]
@@ -321,10 +300,6 @@ def dry_run(recipe: PipelineRecipe) -> dict:
         bench = get_suite(recipe.suite)
         tasks = [resolve_task(bench, t) for t in recipe.tasks]
     validate(recipe.grpo)
-    if recipe.ablation.arms:
-        from minivla_wmrl.ablation import check_ablation
-
-        check_ablation(recipe)
     counts = parameter_counts(preset(recipe.sft.policy.preset))
     with torch.device("meta"):
         tokenizer = ActionTokenizer(ActionTokenizerConfig(chunk_len=recipe.sft.data.chunk_len))

@@ -89,7 +89,9 @@ def test_ablation_pairs_arms_on_held_out_states_and_resumes(recipe_path, capsys)
     capsys.readouterr()
     assert cli(["ablate", "--from-json", str(out / "ablation" / "ablation.json")]) == 0
     assert capsys.readouterr().out.strip() == table.strip()
-    assert (out / "ablation" / "ablation.png").stat().st_size > 0
+    drawn = json.loads((out / "ablation" / "ablation.png.json").read_text())  # the points the plot draws
+    assert drawn["sparse"] == [[0.0, report["sft"]["success_rate"]]] + [
+        [p["real_steps"], p["success"]["mean"]] for p in sparse["curve"]]
 
     cells = sorted((out / "ablation").glob("*/seed*/cell.json"))
     assert len(cells) == 3

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import read_episodes
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.train.vq import VQTrainConfig, reconstruction_l1, train_action_tokenizer
 
 QWEN_VOCAB_WITH_EXTRAS = 151921  # Qwen2.5's 151665 tokens + 256 <|extra_*|>
@@ -30,7 +30,7 @@ def expert_demo_file(libero_env, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(expert_demo_file):
-    from minivla_wmrl.normalization import ActionStatistics
+    from minivla_wmrl.policy.normalization import ActionStatistics
 
     episodes = [e.actions for e in read_episodes([expert_demo_file], image_key=None)]
     stats = ActionStatistics.from_actions(np.concatenate(episodes), num_trajectories=len(episodes))

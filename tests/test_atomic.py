@@ -2,7 +2,7 @@
 
 import pytest
 
-from minivla_wmrl.atomic import atomic_directory
+from minivla_wmrl.infra.atomic import atomic_directory
 
 
 def test_failed_write_keeps_the_previous_directory_and_leaves_no_temp(tmp_path):
@@ -21,7 +21,7 @@ def test_temporaries_of_killed_writers_are_removed_and_outputs_get_normal_permis
     import os
     import stat
 
-    from minivla_wmrl.atomic import atomic_file
+    from minivla_wmrl.infra.atomic import atomic_file
 
     (tmp_path / ".ckpt.4999999.x1y2").mkdir()  # left by a process killed mid-checkpoint (no such pid)
     (tmp_path / ".ckpt.notapid.x").mkdir()  # not ours: kept

@@ -17,11 +17,12 @@ import pytest
 import yaml
 
 from minivla_wmrl.cli import main as cli
-from minivla_wmrl.config import InputPath, _constraints, apply_overrides, config_from_dict
 from minivla_wmrl.data.demos import DemosCommand
 from minivla_wmrl.data.trajectories import ExportCommand
-from minivla_wmrl.evaluate import EvalConfig
-from minivla_wmrl.outputs import MARK
+from minivla_wmrl.evaluation.evaluate import EvalConfig
+from minivla_wmrl.infra.config import InputPath, _constraints, apply_overrides, config_from_dict
+from minivla_wmrl.infra.outputs import MARK
+from minivla_wmrl.ablation import AblationRecipe, check_ablation
 from minivla_wmrl.pipeline import PipelineRecipe
 from minivla_wmrl.train.grpo import GRPORecipe
 from minivla_wmrl.train.sft import SFTRecipe
@@ -52,7 +53,8 @@ def numeric_settings(cls):
 
 
 # command → (its configuration dataclass, how a setting is given, the arguments that start it in `tmp`)
-RECIPE_COMMANDS = {"run": PipelineRecipe, "sft": SFTRecipe, "wm": WMRecipe, "grpo": GRPORecipe}
+RECIPE_COMMANDS = {"run": PipelineRecipe, "ablate": AblationRecipe, "sft": SFTRecipe, "wm": WMRecipe,
+                   "grpo": GRPORecipe}
 FLAG_COMMANDS = {
     "eval": (EvalConfig, ["eval", "--checkpoint", "{tmp}/checkpoint", "--suite", "libero_90", "--out", "{tmp}/out"]),
     "vq": (VQCommand, ["vq", "--data", "{tmp}/demos", "--out", "{tmp}/out"]),
@@ -60,7 +62,8 @@ FLAG_COMMANDS = {
     "export": (ExportCommand, ["export", "{tmp}/rollouts.hdf5", "--out", "{tmp}/out"]),
 }
 CONFIGS = {**RECIPE_COMMANDS, **{c: cls for c, (cls, _) in FLAG_COMMANDS.items()}}
-CASES = [(c, key, ranges, holder) for c, cls in CONFIGS.items() for key, ranges, holder in numeric_settings(cls)]
+CASES = [(c, key, ranges, holder) for c, cls in CONFIGS.items() for key, ranges, holder in numeric_settings(cls)
+         if c != "ablate" or key.startswith("ablation.")]  # the rest of an ablation recipe is the pipeline's
 
 
 def test_every_command_has_numeric_settings_to_try():
@@ -147,7 +150,8 @@ def path_settings(cls):
 
 RECIPE_INPUTS = {"sft": {"data": {"paths": ["{demo}"]}}, "wm": {"data": {"demos": ["{demo}"]}}, "grpo": {},
                  "run": {"data": ["{demo}"]}}
-PATH_CASES = [(c, key, kind, many) for c, cls in CONFIGS.items() for key, kind, many in path_settings(cls)]
+PATH_CASES = [(c, key, kind, many) for c, cls in CONFIGS.items() for key, kind, many in path_settings(cls)
+              if c != "ablate"]  # an ablation recipe's input paths are the pipeline's
 
 
 def _valid_demo(path):
@@ -226,12 +230,10 @@ def test_a_command_does_not_take_over_another_commands_output(tmp_path, capsys):
 
 
 def test_an_ablation_arm_may_not_set_what_every_cell_shares():
-    from minivla_wmrl.ablation import check_ablation
-
     def recipe(arms, seeds=(0,)):
         data = {"out": "runs/x", "grpo": {"policy": {"checkpoint": "sft"}},
                 "ablation": {"seeds": list(seeds), "arms": arms}}
-        return config_from_dict(PipelineRecipe, data, "recipe")
+        return config_from_dict(AblationRecipe, data, "recipe")
 
     for override in ("grpo.seed=5", "out=/elsewhere", "policy.checkpoint=other", "env.tasks=[1]"):
         with pytest.raises(ValueError, match=f"overrides \\['{override.split('=')[0]}'\\]: the ablation sets"):
@@ -293,7 +295,7 @@ def test_compare_refuses_a_json_directory_before_printing(tmp_path, capsys):
 
 
 def test_saving_a_model_never_deletes_a_directory_it_did_not_write(tmp_path):
-    from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+    from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 
     tokenizer = ActionTokenizer(ActionTokenizerConfig(chunk_len=2, latent_dim=4, hidden_dim=8, codebook_size=4))
     downloads = tmp_path / "downloads"
@@ -308,7 +310,7 @@ def test_saving_a_model_never_deletes_a_directory_it_did_not_write(tmp_path):
 
 
 def test_outputs_of_versions_before_marks_are_known_by_what_their_command_wrote(tmp_path):
-    from minivla_wmrl.outputs import OutputExistsError, check_output_dir
+    from minivla_wmrl.infra.outputs import OutputExistsError, check_output_dir
 
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "recipe.json").write_text("{}")  # an sft run of an earlier version: no mark

@@ -11,9 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from minivla_wmrl.checkpoint import (read_training_state, recipe_differences, resume_checkpoint, run_lock,
-                                     save_checkpoint, write_training_state)
-from minivla_wmrl.run_log import MetricsLog
+from minivla_wmrl.infra.run_checkpoint import (
+    read_training_state,
+    recipe_differences,
+    resume_checkpoint,
+    run_lock,
+    save_checkpoint,
+    write_training_state,
+)
+from minivla_wmrl.infra.run_log import MetricsLog
 
 
 def optimiser_state() -> dict:
@@ -109,11 +115,12 @@ def test_one_process_per_run_directory(tmp_path):
         with pytest.raises(RuntimeError, match=f"another process \\(pid {os.getpid()}\\) is writing"):
             with run_lock(tmp_path / "run", "sft"):
                 pass
-        other = subprocess.run([sys.executable, "-c", "import sys; from minivla_wmrl.checkpoint import run_lock\n"
+        other = subprocess.run([sys.executable, "-c", "from minivla_wmrl.infra.run_checkpoint import run_lock\n"
                                 f"with run_lock({str(tmp_path / 'run')!r}, 'sft'): pass"],
                                capture_output=True, text=True)
         assert other.returncode != 0 and "is writing" in other.stderr
-    killed = subprocess.run([sys.executable, "-c", "import os, signal; from minivla_wmrl.checkpoint import run_lock\n"
+    killed = subprocess.run([sys.executable, "-c", "import os, signal\n"
+                             "from minivla_wmrl.infra.run_checkpoint import run_lock\n"
                              f"with run_lock({str(tmp_path / 'stale')!r}, 'sft'):\n"
                              " os.kill(os.getpid(), signal.SIGKILL)"])
     assert killed.returncode == -9 and (tmp_path / "stale" / ".lock").exists()  # the lock file stays behind
@@ -149,7 +156,7 @@ def test_a_resumed_run_logs_each_step_once_in_tensorboard_and_keeps_its_run_id(t
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("sft/loss")] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0)]
-    from minivla_wmrl.run_log import run_id
+    from minivla_wmrl.infra.run_log import run_id
 
     kept = run_id(tmp_path)
     assert run_id(tmp_path) == kept == (tmp_path / "run_id").read_text() and len(kept) == 12
@@ -183,7 +190,7 @@ def _other_size(path, *keys):
     ("other size", r"model.safetensors does not fit"),
 ])
 def test_damaged_model_files_are_named(tmp_path, kind, damage, message):
-    from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+    from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
     from minivla_wmrl.policy.minivla import MiniVLA
     from tests.tiny_policy import make_policy
     from world_models.progress_model import ProgressModelConfig, ProgressWorldModel

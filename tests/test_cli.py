@@ -70,7 +70,7 @@ def test_eval_flags_are_the_fields_of_its_config(capsys):
     """Declared once: `minivla-wmrl eval` takes exactly EvalConfig's fields, with their ranges and choices."""
     from dataclasses import fields
 
-    from minivla_wmrl.evaluate import EvalConfig
+    from minivla_wmrl.evaluation.evaluate import EvalConfig
 
     with pytest.raises(SystemExit) as done:
         cli(["eval", "--help"])

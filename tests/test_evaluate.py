@@ -12,9 +12,9 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-from minivla_wmrl.evaluate import EvalConfig, evaluate, read_episodes
-from minivla_wmrl.init_states import check_disjoint, select_rl_init_states, training_init_states
+from minivla_wmrl.evaluation.evaluate import EvalConfig, evaluate, read_episodes
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.rl.init_states import check_disjoint, select_rl_init_states, training_init_states
 from tests.tiny_policy import make_policy
 
 MAX_STEPS = 16  # two 8-action queries per episode
@@ -207,7 +207,7 @@ def test_compare_pairs_shared_episodes_and_refuses_other_settings(checkpoint, tm
 def test_eval_info_carries_lerobots_keys_beside_ours():
     """Read as LeRobot's tools read eval_info.json: overall/per_group pc_success and n_episodes, per_task
     task_group/task_id/metrics, eval_s and video_paths (pure logic on recorded episodes)."""
-    from minivla_wmrl.evaluate import summarize
+    from minivla_wmrl.evaluation.evaluate import summarize
 
     episodes = [{"task": 0, "trial": 0, "sample": 0, "success": True, "video": "videos/a.mp4"},
                 {"task": 0, "trial": 1, "sample": 0, "success": False, "video": None},

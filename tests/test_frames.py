@@ -17,8 +17,15 @@ import numpy as np
 import pytest
 
 from envs.gl import prepare_gl
-from envs.libero_env import (CAMERAS, IMAGE_CONVENTIONS, NUM_WAIT_STEPS, WAIT_ACTION, LiberoEnv, get_suite,
-                             read_init_states)
+from envs.libero_env import (
+    CAMERAS,
+    IMAGE_CONVENTIONS,
+    NUM_WAIT_STEPS,
+    WAIT_ACTION,
+    LiberoEnv,
+    get_suite,
+    read_init_states,
+)
 from envs.vector_env import VectorEnv
 from tests.conftest import TASK0
 

@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from minivla_wmrl.fsdp import full_parameters, policy_weights, shard_policy, shard_units
-from minivla_wmrl.policy.checkpoint import write_policy
+from minivla_wmrl.infra.fsdp import full_parameters, policy_weights, shard_policy, shard_units
 from minivla_wmrl.policy.minivla import MiniVLA
+from minivla_wmrl.policy.storage import write_policy
 from tests.tiny_policy import make_policy
 
 INSTRUCTIONS = ["open the top drawer of the cabinet"] * 3
@@ -64,7 +64,7 @@ def test_a_sharded_policy_generates_like_the_full_one_and_saves_full_weights(tmp
 
 
 def test_optimizer_state_is_keyed_by_name_and_older_positional_states_still_load():
-    from minivla_wmrl.fsdp import load_optimizer_state, optimizer_state
+    from minivla_wmrl.infra.fsdp import load_optimizer_state, optimizer_state
 
     def trained():
         policy = make_policy(seed=3)

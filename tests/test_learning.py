@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from envs.point_reach import ENV_ID
-from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-from minivla_wmrl.config import config_from_dict
-from minivla_wmrl.normalization import ActionStatistics
+from minivla_wmrl.infra.config import config_from_dict
 from minivla_wmrl.policy import MiniVLA, preset
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.policy.normalization import ActionStatistics
 from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
 from minivla_wmrl.train.grpo import GRPORecipe, train_grpo
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel

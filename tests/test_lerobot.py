@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from minivla_wmrl.data.dataset import DemoDataset, read_episodes
-from minivla_wmrl.data.lerobot import LeRobotDataset, iter_hdf5_demos, write_lerobot
+from minivla_wmrl.data.dataset import iter_hdf5_demos
+from minivla_wmrl.data.lerobot import LeRobotDataset, write_lerobot
 from minivla_wmrl.data.trajectories import LabelledTrajectory, demo_trajectories, save_trajectories
-from minivla_wmrl.normalization import ActionStatistics
+from minivla_wmrl.policy.normalization import ActionStatistics
 
 CAMERAS = dict(image_key="agentview_rgb", wrist_key="eye_in_hand_rgb")
 

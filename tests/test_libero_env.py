@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from envs.libero_env import IMAGE_CONVENTIONS, SUITE_MAX_STEPS, SUITES, LiberoEnv
-
 from tests.conftest import TASK0
 
 

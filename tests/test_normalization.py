@@ -5,8 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from minivla_wmrl.normalization import (ActionStatistics, gripper_to_env, gripper_to_training, read_statistics,
-                                        write_statistics)
+from minivla_wmrl.policy.normalization import (
+    ActionStatistics,
+    gripper_to_env,
+    gripper_to_training,
+    read_statistics,
+    write_statistics,
+)
 
 # MiniVLA's released libero_90 statistics (reference/minivla.md).
 Q01 = np.array([-0.6321, -0.8732, -0.8973, -0.1232, -0.1564, -0.2807, 0])

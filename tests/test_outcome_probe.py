@@ -4,8 +4,8 @@ reads are recorded by the engine, tested on LIBERO in test_rollout.py)."""
 import numpy as np
 import pytest
 
-from minivla_wmrl.prefix_auroc import auroc_by_prefix, prediction_at, prefix_report, probe_episode, time_only
-from minivla_wmrl.rollout import EpisodeSpec, Trajectory
+from minivla_wmrl.evaluation.prefix_auroc import auroc_by_prefix, prediction_at, prefix_report, probe_episode, time_only
+from minivla_wmrl.rl.rollout import EpisodeSpec, Trajectory
 from world_models.outcome_probe import OutcomeProbe, fit_outcome_probe, policy_signals
 
 CAP, CHUNK = 120, 8

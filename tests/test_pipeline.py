@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import imageio.v2 as imageio
 import pytest
 
 from minivla_wmrl.cli import main as cli
@@ -14,7 +15,7 @@ PIPELINE_RECIPES = [r for r in RECIPES if not r.name.startswith("sft_")]
 @pytest.mark.parametrize("recipe", PIPELINE_RECIPES, ids=lambda p: p.stem)
 def test_every_recipe_passes_a_dry_run(recipe, capsys):
     from envs.libero_env import get_suite
-    from minivla_wmrl.config import load_recipe
+    from minivla_wmrl.infra.config import load_recipe
     from minivla_wmrl.pipeline import PipelineRecipe, dry_run
     from minivla_wmrl.policy.config import preset
     from minivla_wmrl.policy.info import parameter_counts
@@ -31,6 +32,9 @@ def test_every_recipe_passes_a_dry_run(recipe, capsys):
             in out)
     for item in report["inputs"]:
         assert (f"MISSING {item['name']}: " in out) == (not item["exists"]), item["name"]
+    if loaded.ablation:  # a recipe the ablation also reads: its section checks too
+        assert cli(["ablate", str(recipe), "--dry-run"]) == 0
+        assert f"{recipe}: valid. {len(loaded.ablation['arms'])} arm(s)" in capsys.readouterr().out
 
 
 def test_suite_recipes_cover_every_suite_with_the_product_setting():
@@ -69,8 +73,14 @@ def test_gym_recipe_runs_end_to_end(tmp_path, capsys):
         assert info["overall"]["trials"] == 2 and info["settings"]["suite"] == "gym"
     grpo = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert grpo[0]["real_episodes"] == 6 and grpo[0]["rollouts"] == 6
-    assert (out / "plots" / "training_curves.png").stat().st_size > 0
-    assert (out / "plots" / "wm_calibration.png").stat().st_size > 0
+    curves = json.loads((out / "plots" / "training_curves.png.json").read_text())  # the points drawn
+    assert curves["grpo: success_rate"] == [[1, grpo[0]["success_rate"]]]
+    sft = [json.loads(line) for line in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert curves["sft: loss"] == [[r["step"], r["loss"]] for r in sft if "loss" in r]
+    calibration = json.loads((out / "plots" / "wm_calibration.png.json").read_text())
+    assert calibration["anchors"] == grpo[0]["real_labels_used"] > 0  # every anchor's (score, outcome) pair
+    assert len(calibration["raw world-model score"]) >= 1
+    assert imageio.imread(out / "plots" / "training_curves.png").shape[2] in (3, 4)
     assert set(json.loads((out / "stage_times.json").read_text())) == {"demos", "vq", "sft", "wm", "grpo", "eval"}
 
 

@@ -8,7 +8,7 @@ import huggingface_hub
 import pytest
 import torch
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.policy.minivla import MiniVLA
 from tests.tiny_policy import make_policy
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
@@ -50,7 +50,7 @@ def test_each_kind_saves_and_loads_from_a_directory_and_from_a_hub_repo_id(kind,
 
 
 def test_checkpoints_written_before_the_hub_contract_still_load(tmp_path):
-    from minivla_wmrl.policy.checkpoint import write_policy
+    from minivla_wmrl.policy.storage import write_policy
 
     policy = make_policy(seed=6)
     (tmp_path / "old").mkdir()

@@ -9,7 +9,7 @@ import ray
 from envs.libero_env import LiberoEnv
 from envs.ray_env import RayVectorEnv
 from envs.vector_env import VectorEnv
-from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
 

@@ -9,8 +9,8 @@ import torch
 
 from envs.libero_env import LiberoEnv
 from envs.vector_env import VectorEnv
-from minivla_wmrl.prefix_auroc import probe_episode
-from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
+from minivla_wmrl.evaluation.prefix_auroc import probe_episode
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from minivla_wmrl.config import apply_overrides
-from minivla_wmrl.checkpoint import latest_checkpoint
+from minivla_wmrl.infra.config import apply_overrides
+from minivla_wmrl.infra.run_checkpoint import latest_checkpoint
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -34,8 +34,8 @@ def test_only_exact_step_directories_are_checkpoints(tmp_path):
 
 
 def test_declared_ranges_and_choices_are_enforced_when_read_and_before_work(tmp_path):
-    from minivla_wmrl.config import check_config, config_from_dict
     from minivla_wmrl.data.demos import generate_demos
+    from minivla_wmrl.infra.config import check_config, config_from_dict
     from minivla_wmrl.train.grpo import GRPORecipe, validate
     from minivla_wmrl.train.sft import SFTRecipe, train_sft
     from minivla_wmrl.train.vq import VQTrainConfig, run_vq

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from minivla_wmrl.config import config_from_dict, load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import DemoDataset, read_episodes
-from minivla_wmrl.normalization import ActionStatistics
+from minivla_wmrl.infra.config import config_from_dict, load_recipe
+from minivla_wmrl.policy.normalization import ActionStatistics
 from minivla_wmrl.train.sft import SFTRecipe, train_sft
 
 
@@ -156,8 +156,8 @@ def test_two_process_ddp_and_fsdp_match_one_process_with_the_same_global_batch(d
 # of step `at`.
 KILLED_SFT = """
 import json, os, signal, sys
-from minivla_wmrl import checkpoint, run_log
-from minivla_wmrl.config import config_from_dict
+from minivla_wmrl.infra import run_checkpoint as checkpoint, run_log
+from minivla_wmrl.infra.config import config_from_dict
 from minivla_wmrl.train.sft import SFTRecipe, train_sft
 
 recipe, fault, at = config_from_dict(SFTRecipe, json.loads(sys.argv[1]), "driver"), sys.argv[2], int(sys.argv[3])

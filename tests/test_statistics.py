@@ -3,8 +3,15 @@
 import numpy as np
 import pytest
 
-from minivla_wmrl.statistics import (auroc, bootstrap_mean_interval, mcnemar_exact, mean_interval, paired_difference,
-                                     rate, wilson_interval)
+from minivla_wmrl.evaluation.statistics import (
+    auroc,
+    bootstrap_mean_interval,
+    mcnemar_exact,
+    mean_interval,
+    paired_difference,
+    rate,
+    wilson_interval,
+)
 
 
 def test_wilson_interval_matches_the_closed_form():

@@ -11,7 +11,7 @@ interval must exclude zero in ≤ 7% of ablations; with a planted effect it must
 import numpy as np
 import pytest
 
-from minivla_wmrl.statistics import paired_difference, satterthwaite_df, seed_level_difference
+from minivla_wmrl.evaluation.statistics import paired_difference, satterthwaite_df, seed_level_difference
 
 STATES, SAMPLES, ABLATIONS = 25, 2, 300
 

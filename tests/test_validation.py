@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minivla_wmrl.init_states import TRAIN_SEED_BASE, VALIDATION_SEED_BASE, check_disjoint, training_init_states
+from minivla_wmrl.rl.init_states import TRAIN_SEED_BASE, VALIDATION_SEED_BASE, check_disjoint, training_init_states
 from minivla_wmrl.train.grpo import GRPOTrainer, train_grpo
 from minivla_wmrl.train.validation import ValidationConfig, ValidationTracker
 from tests.test_learning import goal_for, learning_recipe, weak_policy
@@ -111,8 +111,8 @@ def guarded(start, out, steps: int, **grpo):
 def test_a_run_made_worse_stops_early_and_keeps_the_starting_checkpoint(easy_start, tmp_path, monkeypatch):
     rewards = GRPOTrainer.rewards
 
-    def punish_success(self, batch, scores):  # the planted fall: success is rewarded as failure
-        return rewards(self, dataclasses.replace(batch, outcomes=1 - batch.outcomes), scores)
+    def punish_success(self, batch, scores, calibrated):  # the planted fall: success is rewarded as failure
+        return rewards(self, dataclasses.replace(batch, outcomes=1 - batch.outcomes), scores, calibrated)
 
     monkeypatch.setattr(GRPOTrainer, "rewards", punish_success)
     result = train_grpo(guarded(easy_start, tmp_path, steps=8), progress=False)

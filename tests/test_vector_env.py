@@ -9,7 +9,6 @@ import pytest
 
 from envs.libero_env import LiberoEnv
 from envs.vector_env import EnvFailure, VectorEnv
-
 from tests.conftest import TASK0
 from tests.fake_envs import SleepyEnv
 

@@ -8,10 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer
 from minivla_wmrl.data.dataset import keep_mask, read_episodes
-from minivla_wmrl.normalization import read_statistics
-
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
+from minivla_wmrl.policy.normalization import read_statistics
 from tests.test_action_tokenizer import expert_demo_file  # noqa: F401 - the shared fixture
 
 
@@ -67,7 +66,7 @@ def test_noop_filtering_keeps_gripper_changes():
 
 def test_float_frames_and_damaged_frames_are_named(tmp_path):
     from minivla_wmrl.data.dataset import DemoDataset
-    from minivla_wmrl.normalization import ActionStatistics
+    from minivla_wmrl.policy.normalization import ActionStatistics
 
     actions = np.random.default_rng(0).uniform(-1, 1, (16, 7))
     with h5py.File(tmp_path / "float.hdf5", "w") as f:  # once cast to near-black uint8 frames, and trained on

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_residual, fit_bucketed_isotonic,
-                               group_advantages, pool_adjacent_violators, shuffle_within_groups,
-                               weight_anchor_advantages)
+from minivla_wmrl.rl.advantages import group_advantages, shuffle_within_groups, weight_anchor_advantages
+from minivla_wmrl.rl.debiaser import OnlineDebiaser, centred_residual, fit_bucketed_isotonic, pool_adjacent_violators
+from minivla_wmrl.rl.weighter import InverseVarianceWeighter
 
 
 def test_pool_adjacent_violators_with_violations_weights_and_ties():

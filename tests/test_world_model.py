@@ -15,8 +15,8 @@ from envs.vector_env import VectorEnv
 from minivla_wmrl.cli import main as cli
 from minivla_wmrl.data.demos import generate_demos
 from minivla_wmrl.data.trajectories import demo_trajectories, rollout_trajectories, save_trajectories
-from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-from minivla_wmrl.statistics import auroc
+from minivla_wmrl.evaluation.statistics import auroc
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
 from tests.conftest import TASK0
 from tests.tiny_policy import make_policy
@@ -151,7 +151,7 @@ def test_wm_command_trains_and_resumes_exactly(labelled, tmp_path, monkeypatch, 
         return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
     full = run(tmp_path / "full")
-    from minivla_wmrl import checkpoint
+    from minivla_wmrl.infra import run_checkpoint as checkpoint
 
     write_state = checkpoint.write_training_state
     monkeypatch.setattr(checkpoint, "write_training_state",  # interrupted while writing step 6's checkpoint

@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer
-from minivla_wmrl.normalization import ActionStatistics
 from minivla_wmrl.policy import MiniVLA, preset
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
+from minivla_wmrl.policy.normalization import ActionStatistics
 from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
 
 

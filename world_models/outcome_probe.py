@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_model, save_model
 from torch import nn
 
 from world_models.pretrained import Pretrained
@@ -112,15 +113,11 @@ class OutcomeProbe(nn.Module, Pretrained):
         return [probabilities[k, :int(mask[k].sum())] for k in range(len(episodes))]
 
     def _save_pretrained(self, directory: Path) -> None:
-        from safetensors.torch import save_model
-
         (Path(directory) / "config.json").write_text(json.dumps({"format": FORMAT, "config": asdict(self.config)}))
         save_model(self, str(Path(directory) / "model.safetensors"))
 
     @classmethod
     def load(cls, directory: Path, device: str = "cpu") -> OutcomeProbe:
-        from safetensors.torch import load_model
-
         directory = Path(directory)
         try:
             meta = json.loads((directory / "config.json").read_text())

@@ -8,9 +8,11 @@ one the others build on, because `world_models` must not import `minivla_wmrl`.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from huggingface_hub import ModelHubMixin
+import huggingface_hub
+from huggingface_hub import ModelCard, ModelHubMixin
 
 
 def pretrained_directory(name_or_path: str | Path, kind: str, **hub_options) -> Path:
@@ -21,10 +23,8 @@ def pretrained_directory(name_or_path: str | Path, kind: str, **hub_options) -> 
     name = str(name_or_path)
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise FileNotFoundError(f"{kind} {name}: no such directory (nor a Hub repo id of the form owner/name)")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id=name, **hub_options))
+    try:  # looked up when called (not imported by name), so that tests can stand in for the Hub
+        return Path(huggingface_hub.snapshot_download(repo_id=name, **hub_options))
     except Exception as error:  # offline, unknown repo, no access: one message naming what was asked for
         raise FileNotFoundError(f"{kind} {name}: no such local directory, and no Hub repo of that id could be "
                                 f"downloaded ({type(error).__name__}: {error})") from None
@@ -63,10 +63,6 @@ class Pretrained(ModelHubMixin, library_name="minivla-wmrl", tags=["robotics", "
     def generate_model_card(self, *args, evaluation: str | Path | None = None, **kwargs):
         """A card that says what the model is, its base, its training data and, when `save_pretrained(...,
         model_card_kwargs={"evaluation": "path/to/eval_info.json"})` names one, its evaluation."""
-        import json
-
-        from huggingface_hub import ModelCard
-
         facts = self.card_facts() | {"evaluation": "none recorded with this save"}
         if evaluation is not None:
             info = json.loads(Path(evaluation).read_text())

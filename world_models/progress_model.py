@@ -20,6 +20,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
 from torch import nn
 from torch.nn import functional as F
 
@@ -113,10 +115,10 @@ class ProgressWorldModel(nn.Module, TrajectoryScorer, Pretrained):
             if prefix not in FRAME_ENCODERS:
                 raise ValueError(f"world model encoder {config.encoder!r}: no frame encoder is registered as "
                                  f"{prefix!r} (registered: {sorted(FRAME_ENCODERS)}); for 'policy', import "
-                                 "minivla_wmrl.policy.checkpoint first")
+                                 "minivla_wmrl.policy.storage first")
             self.encoder = FRAME_ENCODERS[prefix](argument)
         else:
-            import timm
+            import timm  # ~2 s over torch: only a world model built with its own timm encoder needs it
 
             weights = timm_weights_file(config.encoder_weights) if config.encoder_weights else None
             self.encoder = timm.create_model(config.encoder, pretrained=weights is not None, num_classes=0,
@@ -164,17 +166,12 @@ class ProgressWorldModel(nn.Module, TrajectoryScorer, Pretrained):
     def _save_pretrained(self, directory: Path) -> None:
         """`config.json` + `model.safetensors` (save_pretrained adds a model card); a trainer writes into a
         temporary directory it renames when complete."""
-        from safetensors.torch import save_model
-
         directory = Path(directory)
         (directory / "config.json").write_text(json.dumps({"format": FORMAT, "config": asdict(self.config)}, indent=2))
         save_model(self, str(directory / "model.safetensors"))
 
     @classmethod
     def load(cls, directory: Path, device: str = "cpu") -> ProgressWorldModel:
-        from safetensors import SafetensorError
-        from safetensors.torch import load_model
-
         directory = Path(directory)
         for name in ("config.json", "model.safetensors"):
             if not (directory / name).is_file():

@@ -24,6 +24,8 @@ from typing import Callable
 
 import numpy as np
 
+from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
+from world_models.robometer import RobometerScorer
 from world_models.scorer import Prediction, TrajectoryScorer
 
 SCORERS: dict[str, Callable[..., TrajectoryScorer]] = {}
@@ -87,8 +89,6 @@ class DirectoryScorer(CallableScorer):
 
 @register_scorer("progress")
 def _progress_model(path: str | None = None, device: str = "cpu", **config) -> TrajectoryScorer:
-    from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
-
     if path is not None:
         if config:
             raise ValueError(f"world model 'progress' loaded from {path} takes no config fields, got {sorted(config)}")
@@ -96,4 +96,4 @@ def _progress_model(path: str | None = None, device: str = "cpu", **config) -> T
     return ProgressWorldModel(ProgressModelConfig.from_dict(config)).to(device)
 
 
-import world_models.robometer  # noqa: E402,F401  (registers "robometer"; it imports this module's register_scorer)
+SCORERS["robometer"] = RobometerScorer  # built in, defined in its own module (which does not import this one)

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
+from safetensors.torch import load_file
 from torch import nn
 
-from world_models.registry import register_scorer
 from world_models.scorer import Prediction, TrajectoryScorer, check_trajectories
 
 PROMPT = ("The task for the robot is '{task}'. Given the trajectory video, predict the task progress at each frame, "
@@ -61,12 +62,10 @@ def weight_files(path: Path) -> list[Path]:
                             "model.safetensors")
 
 
-@register_scorer("robometer")
 class RobometerScorer(TrajectoryScorer):
     def __init__(self, path: str, processor: str | None = None, device: str = "cpu", dtype: str = "bfloat16",
                  num_frames: int = 8):
-        from safetensors.torch import load_file
-        from transformers import AutoConfig, AutoProcessor, Qwen3VLModel
+        from transformers import AutoConfig, AutoProcessor, Qwen3VLModel  # ~3 s over torch: only Robometer users
 
         path = Path(path).expanduser()
         if not (path / "config.json").is_file():
@@ -115,8 +114,7 @@ class RobometerScorer(TrajectoryScorer):
         return np.stack([np.asarray(f)[p] for f, p in zip(trajectories, picks)])
 
     def _images(self, frames: np.ndarray) -> list:
-        from PIL import Image
-        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize  # transformers: ~0.5 s
 
         height, width = smart_resize(frames.shape[1], frames.shape[2], PATCH_FACTOR, MIN_PIXELS, MAX_PIXELS)
         images = [Image.fromarray(np.ascontiguousarray(f)) for f in frames]

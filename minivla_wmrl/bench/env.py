@@ -14,16 +14,19 @@ one env worker process.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 from tqdm import tqdm
 
 from envs.libero_env import LiberoEnv
+from envs.vector_env import VectorEnv
 from minivla_wmrl.bench.same_work import check_cameras_differ, check_same_frames
-from minivla_wmrl.outputs import write_json_output
+from minivla_wmrl.infra.outputs import write_json_output
 
 MODES = {
     "naive": dict(cameras=("agentview", "wrist"), soft_reset=False, render_every_step=True),
@@ -66,12 +69,6 @@ def worker_memory(suite: str, task: int | str, chunk: int, image_convention: str
                   **env_options) -> dict:
     """RSS and private memory (MB) of one env worker process hosting `envs` envs of the task, after
     a reset and 5 chunks of each."""
-    import functools
-
-    import psutil
-
-    from envs.vector_env import VectorEnv
-
     pool = VectorEnv([functools.partial(LiberoEnv, suite, task, image_convention=image_convention,
                                         **MODES["engine"], **env_options)] * envs, envs_per_worker=envs)
     try:

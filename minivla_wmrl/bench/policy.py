@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer
+from minivla_wmrl.infra.outputs import write_json_output
 from minivla_wmrl.policy import MiniVLA, preset
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
 from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
-from minivla_wmrl.outputs import write_json_output
 
 INSTRUCTIONS = ["close the top drawer of the cabinet", "put the black bowl on the plate",
                 "turn on the stove", "pick up the alphabet soup and place it in the basket"]

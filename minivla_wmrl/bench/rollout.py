@@ -14,7 +14,6 @@ every query (and the naive loop's wrist camera its own view). Building the envs 
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
@@ -23,15 +22,15 @@ import torch
 from tqdm import tqdm
 
 from envs.libero_env import LiberoEnv
-from envs.factory import env_pool
-from minivla_wmrl.action_tokenizer import ActionTokenizer
 from minivla_wmrl.bench.policy import naive_query
 from minivla_wmrl.bench.same_work import check_cameras_differ, check_same_frames
-from minivla_wmrl.normalization import ActionStatistics
+from minivla_wmrl.infra.outputs import write_json_output
 from minivla_wmrl.policy import MiniVLA, preset
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
+from minivla_wmrl.policy.normalization import ActionStatistics
 from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
-from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-from minivla_wmrl.outputs import write_json_output
+from minivla_wmrl.rl.env_setup import EnvSetup
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 
 
 def random_policy(preset_name: str, seed: int) -> MiniVLA:
@@ -71,9 +70,9 @@ def _engine(policy: MiniVLA, suite: str, task: str, episodes: int, max_steps: in
             overlap_groups: tuple[int, ...] = (1,)) -> list[tuple[float, int, list[np.ndarray]]]:
     """(seconds, env steps, each episode's query frames) of the same episodes for each `overlap_groups`
     setting, on one pool of envs."""
-    factory = functools.partial(LiberoEnv, suite, task, cameras=("agentview",), max_steps=max_steps)
+    setup = EnvSetup(suite=suite, tasks=[task], backend=backend, ray_address=address)
     timings = []
-    with env_pool([factory] * num_envs, backend, address) as envs:
+    with setup.pool([setup.factory(task, ("agentview",), max_steps)] * num_envs) as envs:
         for groups in overlap_groups:
             engine = RolloutEngine(policy, envs, RolloutConfig(execute_steps=execute_steps, overlap_groups=groups))
             specs = [EpisodeSpec(envs.infos[0].task_id, i, seed=i, tag=i) for i in range(episodes)]

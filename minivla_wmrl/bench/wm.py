@@ -7,17 +7,15 @@ with the rollout engine (random tiny policy, `--envs` workers, the suite's step 
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
 import numpy as np
 
-from envs.libero_env import LiberoEnv
-from envs.vector_env import VectorEnv
 from minivla_wmrl.bench.rollout import random_policy
-from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-from minivla_wmrl.outputs import write_json_output
+from minivla_wmrl.infra.outputs import write_json_output
+from minivla_wmrl.rl.env_setup import EnvSetup
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 
 
@@ -36,8 +34,8 @@ def bench_wm(trajectories: int = 64, queries: int = 66, repeats: int = 3, suite:
     scored_per_s = trajectories / float(np.median(times))
 
     policy = random_policy("tiny", seed)
-    factory = functools.partial(LiberoEnv, suite, task, cameras=("agentview",))
-    with VectorEnv([factory] * num_envs) as envs:
+    setup = EnvSetup(suite=suite, tasks=[task])
+    with setup.pool([setup.factory(task)] * num_envs) as envs:
         engine = RolloutEngine(policy, envs, RolloutConfig(execute_steps=execute_steps, record_frames=False))
         specs = [EpisodeSpec(envs.infos[0].task_id, i, seed=i) for i in range(episodes)]
         start = time.perf_counter()

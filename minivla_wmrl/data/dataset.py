@@ -4,7 +4,8 @@ Reads LIBERO hdf5 (the original layout, the no-noops variant, our generated file
 datasets of the same demos. Actions are no-op filtered, put in the training gripper convention,
 normalised with BOUNDS_Q99 statistics of the training episodes, and cut into chunks with the
 reference padding. Images are read lazily (a LIBERO-90 set does not fit in memory), turned
-upright as the env does, and resized to the policy's size (bicubic, antialiased).
+upright as the env does, and resized to the policy's size (bicubic, antialiased). The hdf5 demos
+also convert to LeRobot episodes (`iter_hdf5_demos`, for `demos --format lerobot`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
+import h5py
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.lerobot import ACTION_KEYS, STORED_ORIENTATION, LeRobotDataset, is_lerobot_dataset
-from minivla_wmrl.normalization import ActionStatistics, gripper_to_training
+from minivla_wmrl.data.lerobot import IMAGE_KEYS as LEROBOT_IMAGE_KEYS
+from minivla_wmrl.policy.normalization import ActionStatistics, gripper_to_training
+
 
 def _demo_order(name: str) -> int:
     match = re.fullmatch(r"demo_(\d+)", name)
@@ -63,8 +68,6 @@ class Hdf5Frames:
         self.path, self._handle = Path(path), None
 
     def read(self, demo: str, key: str, indices) -> np.ndarray:
-        import h5py
-
         if self._handle is None:
             self._handle = h5py.File(self.path, "r")
         try:
@@ -115,8 +118,6 @@ def resize_frames(frames: np.ndarray, size: int, mode: str = "bilinear") -> np.n
 
 def open_hdf5(path: Path, what: str):
     """Open an hdf5 file for reading; a missing or unreadable file is an error naming it."""
-    import h5py
-
     if Path(path).is_dir():
         raise IsADirectoryError(f"{what} {path} is a directory; expected an hdf5 file")
     if not Path(path).is_file():
@@ -273,3 +274,26 @@ class DemoDataset(Dataset):
 def collate(items: list[dict]) -> dict:
     return {"image": np.stack([it["image"] for it in items]), "instruction": [it["instruction"] for it in items],
             "chunk": torch.from_numpy(np.stack([it["chunk"] for it in items]))}
+
+
+def iter_hdf5_demos(paths: list[Path]) -> Iterator[dict]:
+    """LIBERO hdf5 demos (every step, as stored) as LeRobot episodes in the published LIBERO layout:
+    frames rotated 180° from the raw ones, `observation.state` = eef position, axis-angle, gripper."""
+    for path in demo_files(paths):
+        with open_hdf5(path, "demonstration file") as handle:
+            instruction = instruction_of(handle, path)
+            convention = handle["data"].attrs.get("macros_image_convention", "opengl")
+            if convention != "opengl":
+                raise ValueError(f"{path}: macros_image_convention {convention!r}; only LIBERO's raw ('opengl') "
+                                 "frames have a LeRobot LIBERO orientation to convert to")
+            for demo in demo_names(handle, path):
+                group = handle["data"][demo]
+                frames = {"action": np.asarray(group["actions"])}  # as stored (LIBERO: float64), so exactly equal
+                obs = group["obs"]
+                if "ee_states" in obs and "gripper_states" in obs:
+                    frames["observation.state"] = np.concatenate([obs["ee_states"], obs["gripper_states"]],
+                                                                 axis=1).astype(np.float32)
+                for ours, (theirs, *_) in LEROBOT_IMAGE_KEYS.items():  # the first name: the published sets' own
+                    if ours in obs:
+                        frames[theirs] = np.ascontiguousarray(np.asarray(obs[ours])[:, ::-1, ::-1])
+                yield {"task": instruction, "frames": frames}

@@ -17,15 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
+import h5py
 import numpy as np
 from robosuite.utils.transform_utils import quat2axisangle
 from tqdm import tqdm
 
 from envs.experts import expert_for
 from envs.libero_env import CONTROL_HZ, LiberoEnv, get_suite, resolve_task
-from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.config import Range, command_line_parser, config_from_dict
-from minivla_wmrl.outputs import check_output_dir, create_output_dir
+from minivla_wmrl.data.lerobot import write_lerobot
+from minivla_wmrl.infra.atomic import atomic_file
+from minivla_wmrl.infra.config import Range, command_line_parser, config_from_dict
+from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
 
 
 @dataclass(kw_only=True)
@@ -77,8 +79,6 @@ def record_episode(env: LiberoEnv, init_state: int) -> Episode:
 
 
 def _write_task_file(path: Path, env: LiberoEnv, episodes: list[Episode]) -> None:
-    import h5py
-
     bddl = Path(env.bddl_file)
     with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
         data = f.create_group("data")
@@ -155,7 +155,7 @@ def main(args) -> None:
     check_output_dir(out, "demos", command.overwrite)
     init_states = list(range(command.first_init_state, command.first_init_state + command.max_episodes))
     if command.format == "lerobot":  # the hdf5 files are an intermediate, removed once converted
-        from minivla_wmrl.data.lerobot import iter_hdf5_demos, write_lerobot
+        from minivla_wmrl.data.dataset import iter_hdf5_demos  # imports torch (~1 s): only LeRobot output needs it
 
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.hdf5.") as hdf5:

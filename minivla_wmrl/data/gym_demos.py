@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import h5py
 import numpy as np
 from tqdm import tqdm
 
 from envs.fetch_expert import FetchPickAndPlaceExpert
 from envs.gym_env import GymRobotEnv
-from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.outputs import create_output_dir
+from minivla_wmrl.infra.atomic import atomic_file
+from minivla_wmrl.infra.outputs import create_output_dir
 
 EXPERTS = {"FetchPickAndPlace-v4": FetchPickAndPlaceExpert}
 IMAGE_KEY = "image_rgb"
@@ -25,8 +26,6 @@ IMAGE_KEY = "image_rgb"
 def generate_gym_demos(env_id: str, instruction: str, num: int, out: Path, init_states: list[int],
                        resolution: int = 224) -> dict:
     """Run the env's scripted expert from each init state (reset seed) until `num` episodes succeed."""
-    import h5py
-
     if env_id not in EXPERTS:
         raise ValueError(f"no scripted expert for {env_id!r}; experts exist for {sorted(EXPERTS)}")
     create_output_dir(out, "demos")

@@ -21,11 +21,12 @@ import io
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 
-from minivla_wmrl.outputs import replaced_directory
+from minivla_wmrl.infra.outputs import replaced_directory
 
 STORED_ORIENTATION = "rotated180"  # how LeRobot LIBERO frames relate to LIBERO's raw ("opengl") ones
 VERSIONS = ("v2.0", "v2.1", "v3.0")
@@ -40,7 +41,7 @@ CHUNK_SIZE = 1000  # LeRobot's files (v3.0) or episodes (v2.1) per chunk directo
 
 def _libraries():
     try:
-        import av
+        import av  # optional extra [lerobot], ~0.3 s with pyarrow: only LeRobot datasets need them
         import pyarrow
         import pyarrow.parquet
     except ImportError as error:
@@ -233,8 +234,6 @@ def _column(file: Path, name: str):
 
 
 def _png(blob, where: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
     data = blob.get("bytes") if isinstance(blob, dict) else blob
     if not data:
         raise ValueError(f"{where} holds no image bytes (null)")
@@ -391,8 +390,6 @@ def _column_array(values: np.ndarray):
 
 
 def _png_bytes(image: np.ndarray) -> bytes:
-    from PIL import Image
-
     buffer = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(image)).save(buffer, format="PNG")
     return buffer.getvalue()
@@ -453,28 +450,3 @@ def _aggregate(per_episode: list[dict]) -> dict:
                     "max": np.max([s[key]["max"] for s in per_episode], 0).tolist(),
                     "mean": mean.tolist(), "std": std.tolist(), "count": [int(counts.sum())]}
     return out
-
-
-def iter_hdf5_demos(paths: list[Path]) -> Iterator[dict]:
-    """LIBERO hdf5 demos (every step, as stored) as LeRobot episodes in the published LIBERO layout:
-    frames rotated 180° from the raw ones, `observation.state` = eef position, axis-angle, gripper."""
-    from minivla_wmrl.data.dataset import demo_files, demo_names, instruction_of, open_hdf5
-
-    for path in demo_files(paths):
-        with open_hdf5(path, "demonstration file") as handle:
-            instruction = instruction_of(handle, path)
-            convention = handle["data"].attrs.get("macros_image_convention", "opengl")
-            if convention != "opengl":
-                raise ValueError(f"{path}: macros_image_convention {convention!r}; only LIBERO's raw ('opengl') "
-                                 "frames have a LeRobot LIBERO orientation to convert to")
-            for demo in demo_names(handle, path):
-                group = handle["data"][demo]
-                frames = {"action": np.asarray(group["actions"])}  # as stored (LIBERO: float64), so exactly equal
-                obs = group["obs"]
-                if "ee_states" in obs and "gripper_states" in obs:
-                    frames["observation.state"] = np.concatenate([obs["ee_states"], obs["gripper_states"]],
-                                                                 axis=1).astype(np.float32)
-                for ours, (theirs, *_) in IMAGE_KEYS.items():  # the first name: the published sets' own
-                    if ours in obs:
-                        frames[theirs] = np.ascontiguousarray(np.asarray(obs[ours])[:, ::-1, ::-1])
-                yield {"task": instruction, "frames": frames}

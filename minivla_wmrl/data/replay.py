@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import h5py
 import numpy as np
 
-from minivla_wmrl.atomic import atomic_file
 from minivla_wmrl.data.dataset import open_hdf5
-from minivla_wmrl.rollout import EpisodeSpec, Trajectory
+from minivla_wmrl.infra.atomic import atomic_file
+from minivla_wmrl.rl.rollout import EpisodeSpec, Trajectory
 
 ARRAYS = ("query_steps", "log_probs", "actions", "privileged")
 
@@ -29,8 +30,6 @@ def real_labelled(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
 
 def write_replay(path: Path, trajectories: Sequence[Trajectory], source: str) -> int:
     """Write the real-labelled ones of `trajectories` to `path`; returns how many."""
-    import h5py
-
     kept = real_labelled(trajectories)
     with atomic_file(Path(path)) as tmp, h5py.File(tmp, "w") as f:
         group = f.create_group("episodes")

@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal, Sequence
 
+import h5py
 import numpy as np
 
-from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.config import InputPath, Range, check_input_paths, command_line_parser, config_from_dict
 from minivla_wmrl.data.dataset import open_hdf5, read_episodes, resize_frames, upright_frames
+from minivla_wmrl.data.lerobot import write_lerobot
+from minivla_wmrl.infra.atomic import atomic_file
+from minivla_wmrl.infra.config import InputPath, Range, check_input_paths, command_line_parser, config_from_dict
+from minivla_wmrl.infra.outputs import check_output_dir
 
 
 @dataclass
@@ -74,8 +77,6 @@ def rollout_trajectories(trajectories, size: int | None, horizon: int | None = N
 
 
 def save_trajectories(path: Path, trajectories: Sequence[LabelledTrajectory]) -> Path:
-    import h5py
-
     path = Path(path)
     with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
         group = f.create_group("trajectories")
@@ -135,9 +136,6 @@ class ExportCommand:
 
 def main(args) -> None:
     """`minivla-wmrl export`: collected rollouts → a LeRobot dataset, to inspect with LeRobot's tools."""
-    from minivla_wmrl.data.lerobot import write_lerobot
-    from minivla_wmrl.outputs import check_output_dir
-
     parser = command_line_parser(ExportCommand, "minivla-wmrl export",
                                  "Write collected rollouts (trajectory files) as a LeRobot dataset.")
     command = config_from_dict(ExportCommand, vars(parser.parse_args(args.options)), "export")

@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from minivla_wmrl.config import config_from_dict
+from minivla_wmrl.infra.config import config_from_dict
 
 PolicyDtype = Literal["float32", "bfloat16"]  # the policy's weights (sft/eval bfloat16: autocast on CUDA)
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from minivla_wmrl.policy.minivla import MiniVLA
 from world_models.progress_model import register_frame_encoder
 
 
@@ -18,8 +19,6 @@ class PolicyFrameEncoder(nn.Module):
 
     def __init__(self, checkpoint: str):
         super().__init__()
-        from minivla_wmrl.policy.minivla import MiniVLA
-
         policy = MiniVLA.from_pretrained(checkpoint)
         self.vision, self.image_size = policy.vision.eval().requires_grad_(False), policy.config.image_size
         self.num_features = policy.vision.embed_dim

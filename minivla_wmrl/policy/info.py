@@ -9,7 +9,7 @@ from minivla_wmrl.policy.minivla import FusedMLPProjector, FusedVisionBackbone
 
 
 def parameter_counts(config: MiniVLAConfig) -> dict[str, int]:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # transformers' Qwen2: ~3 s; only model-info needs it
 
     with torch.device("meta"):
         vision = FusedVisionBackbone(config)

@@ -13,14 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer
-from minivla_wmrl.outputs import replaced_directory
-from minivla_wmrl.normalization import ActionStatistics, gripper_to_env
+from minivla_wmrl.infra.atomic_pretrained import AtomicPretrained
+from minivla_wmrl.infra.outputs import replaced_directory
+from minivla_wmrl.infra.run_checkpoint import load_weights
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
 from minivla_wmrl.policy.config import MiniVLAConfig
+from minivla_wmrl.policy.normalization import ActionStatistics, gripper_to_env
+from minivla_wmrl.policy.storage import read_policy, write_policy
 from minivla_wmrl.policy.tokenizer import END_TOKENS, build_prompt, check_action_tokens
-from minivla_wmrl.pretrained import AtomicPretrained
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -31,8 +34,6 @@ def center_crop(images: np.ndarray, area: float = CENTER_CROP_AREA) -> np.ndarra
     """openvla-mini's LIBERO evaluation transform for runs trained with image augmentation: the
     central square of `area` of each uint8 image (side int(sqrt(area)·size), offset
     int((size − side) / 2)), resized back with PIL's bilinear filter, on (..., size, size, 3)."""
-    from PIL import Image
-
     size = images.shape[-2]
     side = int(np.sqrt(area) * size)
     offset = int((size - side) / 2)
@@ -46,7 +47,7 @@ class FusedVisionBackbone(nn.Module):
 
     def __init__(self, config: MiniVLAConfig):
         super().__init__()
-        import timm
+        import timm  # ~2 s over torch: only a built policy needs it (policy.config users do not)
 
         def vit(name: str, overrides: dict) -> nn.Module:
             return timm.create_model(name, pretrained=False, num_classes=0, img_size=config.image_size, **overrides)
@@ -105,7 +106,7 @@ class MiniVLA(nn.Module, AtomicPretrained):
     def __init__(self, config: MiniVLAConfig, tokenizer, action_tokenizer: ActionTokenizer,
                  statistics: ActionStatistics | None = None):
         super().__init__()
-        from transformers import Qwen2Config, Qwen2ForCausalLM
+        from transformers import Qwen2Config, Qwen2ForCausalLM  # ~3 s over torch: only a built policy needs it
 
         check_action_tokens(tokenizer, config.codebook_size)
         vq = action_tokenizer.config
@@ -159,7 +160,7 @@ class MiniVLA(nn.Module, AtomicPretrained):
 
     def add_lora(self, r: int = 16, alpha: int = 32, dropout: float = 0.0, targets=LORA_TARGETS) -> None:
         """Wrap the language model with peft LoRA adapters; only the adapters of the LLM train."""
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # ~3 s (with transformers): only LoRA fine-tuning needs it
 
         self.llm = get_peft_model(self.llm, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
                                                        target_modules=list(targets)))
@@ -168,15 +169,16 @@ class MiniVLA(nn.Module, AtomicPretrained):
     # -- persistence -------------------------------------------------------------------------------
 
     def _save_pretrained(self, directory: Path) -> None:
-        from minivla_wmrl.policy.checkpoint import write_policy
-
         write_policy(self, directory)
 
     @classmethod
     def load(cls, directory: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MiniVLA:
-        from minivla_wmrl.policy.checkpoint import load_policy
-
-        return load_policy(directory, device, dtype)
+        files = read_policy(directory)
+        policy = cls(files.config, files.tokenizer, files.action_tokenizer, files.statistics)
+        if files.lora:
+            policy.add_lora(files.lora["r"], files.lora["alpha"], files.lora["dropout"], files.lora["targets"])
+        load_weights(policy, files.weights)
+        return policy.to(device=device, dtype=dtype).eval()
 
     def card_facts(self) -> dict:
         parameters = sum(p.numel() for p in self.parameters())

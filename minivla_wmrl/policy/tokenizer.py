@@ -6,6 +6,8 @@ MiniVLA uses the Qwen2.5 tokenizer plus 256 added tokens `<|extra_0|>`…`<|extr
 
 from __future__ import annotations
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
 SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 EXTRA_TOKENS = [f"<|extra_{i}|>" for i in range(256)]
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -44,8 +46,7 @@ def tiny_qwen_style_tokenizer():
     No tokenizer can be downloaded here; this one has the same special tokens and action-token
     layout as MiniVLA's (515 tokens), so every code path runs unchanged in tests and demos.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # ~0.5 s: importing the policy must not load transformers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     model = models.BPE(vocab={ch: i for i, ch in enumerate(sorted(alphabet))}, merges=[])

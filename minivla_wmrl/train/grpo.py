@@ -1,15 +1,16 @@
 """`minivla-wmrl grpo RECIPE [key=value ...]`: WMRL GRPO on LIBERO.
 
-One step (the order of the WMRL reference):
-1. roll out `rollouts_per_task` episodes per task in the real simulator (temperature sampling,
+One step (the order of the WMRL reference), one `GRPOTrainer` method each:
+1. `rollouts`: `rollouts_per_task` episodes per task in the real simulator (temperature sampling,
    RL training init states, capped at `max_real_steps`), optionally re-sampling groups whose
-   success rate lies outside a band (dynamic sampling, capped attempts); pick the anchors;
-2. score every rollout with the world model (query frames + the final frame);
-3. push the anchors' (score, real outcome) pairs into the `OnlineDebiaser`;
-4. feed each anchor group's calibrated residuals to the `InverseVarianceWeighter`;
-5. rewards by `reward_mode`; 6. group advantages; 7. anchor advantages × the anchor weight;
-8. token-level PPO-clip update on a sampled subset of each rollout's queries; then world-model
-   co-training on the anchors' real labels.
+   success rate lies outside a band (dynamic sampling, capped attempts); the anchors are picked
+   (`rl.anchors`);
+2. `predictions`: the world model scores every rollout (query frames + the final frame);
+3. `corrections`: the anchors' (score, real outcome) pairs go to the `OnlineDebiaser`, their
+   calibrated residuals to the `InverseVarianceWeighter`;
+4. `rewards` by `reward_mode`; 5. `advantages`: group-normalised, the anchors' × the anchor weight;
+6. `update`: token-level PPO-clip on a sampled subset of each rollout's queries; then
+   `cotrain_world_model` on the anchors' real outcomes.
 
 Reward modes: `sparse` (real success for all; the GRPO baseline), `dense_raw` (world-model
 score for all), `dense_calib` (WMRL: calibrated score; anchors per `anchor_reward`),
@@ -35,35 +36,62 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
 import typing
-from typing import Annotated, Literal, NamedTuple
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.checkpoint import (global_rng_state, latest_checkpoint, load_weights, restore_global_rng,
-                                     resume_checkpoint, run_lock, save_checkpoint, selected_checkpoint)
-from minivla_wmrl.config import InputPath, Range, Seed, check_config, check_input_paths, load_recipe
-from minivla_wmrl.distributed import init_distributed
-from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
-                               shard_policy)
 from minivla_wmrl.data.replay import write_replay
 from minivla_wmrl.data.trajectories import LabelledTrajectory, rollout_trajectories
-from minivla_wmrl.init_states import VALIDATION_SEED_BASE, select_rl_init_states, vector_training_init_states
-from minivla_wmrl.policy.checkpoint import write_policy
+from minivla_wmrl.evaluation.statistics import auroc
+from minivla_wmrl.infra.atomic import atomic_file
+from minivla_wmrl.infra.config import (
+    RESUMABLE,
+    RUNTIME,
+    InputPath,
+    Range,
+    Seed,
+    check_config,
+    check_input_paths,
+    load_recipe,
+    marked_keys,
+)
+from minivla_wmrl.infra.distributed import init_distributed
+from minivla_wmrl.infra.fsdp import (
+    clip_gradients,
+    full_parameters,
+    load_optimizer_state,
+    optimizer_state,
+    policy_weights,
+    shard_policy,
+)
+from minivla_wmrl.infra.run_checkpoint import (
+    global_rng_state,
+    latest_checkpoint,
+    load_weights,
+    restore_global_rng,
+    resume_checkpoint,
+    run_lock,
+    save_checkpoint,
+    selected_checkpoint,
+)
+from minivla_wmrl.infra.run_log import MetricsLog
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.policy.minivla import MiniVLA
-from minivla_wmrl.run_log import MetricsLog
-from minivla_wmrl.statistics import auroc
-from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
+from minivla_wmrl.policy.storage import write_policy
+from minivla_wmrl.rl.advantages import group_advantages, shuffle_within_groups, weight_anchor_advantages
+from minivla_wmrl.rl.anchors import pick_anchors
+from minivla_wmrl.rl.debiaser import OnlineDebiaser, centred_residual
+from minivla_wmrl.rl.env_setup import EnvSetup
+from minivla_wmrl.rl.init_states import VALIDATION_SEED_BASE, select_rl_init_states, vector_training_init_states
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
+from minivla_wmrl.rl.weighter import InverseVarianceWeighter
 from minivla_wmrl.train.validation import SALT_VALIDATION, ValidationConfig, ValidationTracker, validation_seed
 from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
-from minivla_wmrl.wmrl import (InverseVarianceWeighter, OnlineDebiaser, centred_residual, group_advantages,
-                               shuffle_within_groups, weight_anchor_advantages)
 from world_models.registry import make_scorer
 from world_models.scorer import SCORE_RANGES
 
@@ -82,7 +110,7 @@ REWARD_MODES = typing.get_args(RewardMode)
 
 @dataclass
 class GRPOConfig:
-    steps: Annotated[int, Range(0)] = 40
+    steps: Annotated[int, Range(0), RESUMABLE] = 40
     rollouts_per_task: Annotated[int, Range(1)] = 64  # per task per step
     grouping: Literal["task", "init_state"] = "task"  # one group per task, or per (task, init state)
     # distinct training init states per task per step (rollouts split evenly)
@@ -123,8 +151,9 @@ class GRPOConfig:
     max_resample: Annotated[int, Range(0)] = 2  # re-sampling attempts per step for out-of-band groups, then skipped
     wm_cotrain: bool = True  # update a trainable world model on the anchors' real labels
     wm_update_steps: Annotated[int, Range(0)] = 4
-    save_every: Annotated[int, Range(1)] = 5
-    real_step_budget: Annotated[int, Range(0)] = 0  # > 0: stop after the step at which real steps reach it
+    save_every: Annotated[int, Range(1), RESUMABLE] = 5
+    # > 0: stop after the step at which real steps reach it
+    real_step_budget: Annotated[int, Range(0), RESUMABLE] = 0
     seed: Seed = 0
 
 
@@ -135,25 +164,19 @@ class GRPOPolicy:
     lora_r: Annotated[int, Range(1)] = 16
     lora_alpha: Annotated[int, Range(1)] = 32
     freeze_vision: bool = True
-    device: str = "cpu"
+    device: Annotated[str, RUNTIME] = "cpu"
     dtype: PolicyDtype = "float32"
-    fsdp: bool = False  # under torchrun: shard the policy's parameters, gradients and optimiser state (FSDP2)
+    # under torchrun: shard the policy's parameters, gradients and optimiser state (FSDP2)
+    fsdp: Annotated[bool, RESUMABLE] = False
 
 
-@dataclass
-class GRPOEnv:
+@dataclass(kw_only=True)
+class GRPOEnv(EnvSetup):
     suite: str = "libero_10"
-    tasks: list[str] = field(default_factory=lambda: ["0"])
     envs_per_task: Annotated[int, Range(1)] = 2
-    image_convention: Literal["minivla", "openvla"] = "minivla"
     train_init_states: Annotated[int, Range(1)] = 50  # size of each task's pool of generated RL training states
     rl_init_states: list[int] | None = None  # protocol (evaluation) indices instead; needs allow_eval_states
     allow_eval_states: bool = False
-    gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
-    # rollout workers: "local" processes, "ray" actors (a Ray cluster), "inline" (cheap envs)
-    backend: Literal["local", "ray", "inline"] = "local"
-    ray_address: str | None = None  # e.g. "auto" inside a Ray job; None starts a local Ray instance
-    envs_per_worker: Annotated[int, Range(1)] = 1  # local backend: envs per worker process (one GL context)
 
 
 @dataclass
@@ -181,15 +204,10 @@ class DenoiseConfig:
     max_weight: Annotated[float, Range(1)] = 4.0
 
 
-# settings a resume may change: how long, how often to save, where the rollouts and the policy run
-RESUMABLE_CHANGES = ("out", "resume", "grpo.steps", "grpo.save_every", "grpo.real_step_budget", "env.backend",
-                     "env.ray_address", "env.envs_per_worker", "policy.device", "policy.fsdp")
-
-
 @dataclass
 class GRPORecipe:
-    out: str = "runs/grpo"
-    resume: bool = True
+    out: Annotated[str, RUNTIME] = "runs/grpo"
+    resume: Annotated[bool, RUNTIME] = True
     policy: GRPOPolicy = field(default_factory=GRPOPolicy)
     env: GRPOEnv = field(default_factory=GRPOEnv)
     world_model: WorldModelSetup = field(default_factory=WorldModelSetup)
@@ -199,12 +217,14 @@ class GRPORecipe:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
 
 
-def validate(recipe: GRPORecipe) -> None:
-    from envs.factory import check_pool_settings  # envs import the simulator: only when a recipe is checked
+# settings a resume may change: how long, how often to save, where the rollouts and the policy run
+RESUMABLE_CHANGES = marked_keys(GRPORecipe, RESUMABLE)
 
+
+def validate(recipe: GRPORecipe) -> None:
     check_config(recipe, "grpo recipe")
     grpo = recipe.grpo
-    check_pool_settings(recipe.env.backend, recipe.env.envs_per_worker)
+    recipe.env.check_pool()
     if recipe.debias.capacity < recipe.debias.min_pairs:
         raise ValueError(f"debias.capacity {recipe.debias.capacity} holds fewer anchor pairs than debias.min_pairs "
                          f"{recipe.debias.min_pairs}; expected capacity >= min_pairs")
@@ -304,18 +324,42 @@ class StepBatch:
         return [k for k, t in enumerate(self.trajectories) if t is not None]
 
 
+def _labelled_mean(rewards: np.ndarray) -> float:
+    return float(np.nanmean(rewards)) if np.isfinite(rewards).any() else float("nan")
+
+
 class GRPOTrainer:
     """Everything one GRPO run holds: policy, optimiser, envs, world model, corrections, counters."""
 
     def __init__(self, recipe: GRPORecipe, envs=None, progress: bool = True, resume: tuple[Path, dict] | None = None):
         """`resume`: a checkpoint of this run and its training state (`resume_checkpoint`) to continue
-        from (weights, optimiser, corrections, RNG)."""
+        from (weights, optimiser, corrections, RNG). The parts are built in this order (the policy's
+        fresh adapters and a new world model draw from torch's RNG)."""
         validate(recipe)
         self.recipe, self.out = recipe, Path(recipe.out)
-        grpo, p = recipe.grpo, recipe.policy
-        self.dist = init_distributed(p.device)
-        p.device = self.dist.device(p.device)
+        self.dist = init_distributed(recipe.policy.device)
+        recipe.policy.device = self.dist.device(recipe.policy.device)
         self.progress = progress and self.dist.is_main
+        self._build_policy(resume)
+        self._build_world_model()
+        self._build_corrections()
+        self.step, self.counters = 0, {"real_steps": 0, "sim_steps": 0, "real_episodes": 0, "real_labels_used": 0,
+                                       "real_steps_full": 0, "real_steps_horizon": 0, "truncated_episodes": 0,
+                                       "validation_episodes": 0, "validation_real_steps": 0}
+        self._build_envs(envs)
+        self._build_validation()
+        if resume is not None:
+            try:
+                self._load_training_state(*resume)
+            except BaseException:
+                self.close()
+                raise
+
+    # -- building --------------------------------------------------------------------------------------------
+
+    def _build_policy(self, resume: tuple[Path, dict] | None) -> None:
+        """The policy (its adapters, sharded under torchrun with fsdp), the KL reference, the optimiser."""
+        grpo, p = self.recipe.grpo, self.recipe.policy
         self.policy = MiniVLA.from_pretrained(p.checkpoint, device=p.device, dtype=DTYPES[p.dtype])
         self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision, fresh_adapters=True)
         if resume is not None:
@@ -332,34 +376,44 @@ class GRPOTrainer:
         self.trainable = [q for q in self.policy.parameters() if q.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=grpo.lr, weight_decay=grpo.weight_decay)
 
-        options = dict(recipe.world_model.options)
-        if recipe.world_model.name == "progress":
-            options.setdefault("device", p.device)  # score and co-train beside the policy
-        self.world_model = make_scorer(recipe.world_model.name, **options)
+    def _build_world_model(self) -> None:
+        """The scorer, and its co-trainer when it is trainable (gradients averaged over processes)."""
+        setup, grpo = self.recipe.world_model, self.recipe.grpo
+        options = dict(setup.options)
+        if setup.name == "progress":
+            options.setdefault("device", self.recipe.policy.device)  # score and co-train beside the policy
+        self.world_model = make_scorer(setup.name, **options)
         self.wm_trainer = None
         if grpo.wm_cotrain and isinstance(self.world_model, torch.nn.Module):
             average = ((lambda params: self.dist.sum_gradients([q for q in params if q.requires_grad],
                                                                1.0 / self.dist.world_size))
                        if self.dist.enabled else None)
-            self.wm_trainer = WorldModelTrainer(self.world_model, recipe.world_model.train, average)
-        self.debiaser = OnlineDebiaser(**asdict(recipe.debias), score_range=SCORE_RANGES[grpo.wm_reduction])
+            self.wm_trainer = WorldModelTrainer(self.world_model, setup.train, average)
+
+    def _build_corrections(self) -> None:
+        """Online Debiasing (the calibrator of scores against anchors' outcomes) and Inverse-Variance
+        Denoising (the anchor weight)."""
+        grpo = self.recipe.grpo
+        self.debiaser = OnlineDebiaser(**asdict(self.recipe.debias), score_range=SCORE_RANGES[grpo.wm_reduction])
         if grpo.reward_mode == "dense_calib" and grpo.anchor_fraction == 1 and self.dist.is_main:
             print("grpo: every rollout is an anchor (anchor_fraction 1): the anchor weight scales all advantages "
                   "alike and Adam cancels it; set anchor_fraction < 1 for denoising to act", file=sys.stderr)
-        self.weighter = InverseVarianceWeighter(**asdict(recipe.denoise))
-        self.step, self.counters = 0, {"real_steps": 0, "sim_steps": 0, "real_episodes": 0, "real_labels_used": 0,
-                                       "real_steps_full": 0, "real_steps_horizon": 0, "truncated_episodes": 0,
-                                       "validation_episodes": 0, "validation_real_steps": 0}
+        self.weighter = InverseVarianceWeighter(**asdict(self.recipe.denoise))
 
+    def _build_envs(self, envs) -> None:
+        """The envs (given, or from the recipe's env setup), each task's training states, the engine."""
+        grpo = self.recipe.grpo
         self.envs = envs if envs is not None else self._make_envs()
         self.owns_envs = envs is None
-        infos = self.envs.infos
-        self.task_ids = list(dict.fromkeys(info.task_id for info in infos))
+        self.task_ids = list(dict.fromkeys(info.task_id for info in self.envs.infos))
         self.init_pools = self._init_state_pools()
         self.engine = RolloutEngine(self.policy, self.envs,
                                     RolloutConfig(grpo.execute_steps, grpo.temperature, grpo.seed,
                                                   overlap_groups=grpo.overlap_groups))
-        v = recipe.validation
+
+    def _build_validation(self) -> None:
+        """The guard: validation states apart from the training ones, their engine, the tracker."""
+        grpo, v = self.recipe.grpo, self.recipe.validation
         self.validation = ValidationTracker(v) if v.every else None
         if self.validation is not None:
             self.validation_pools = {task_id: vector_training_init_states(
@@ -368,26 +422,17 @@ class GRPOTrainer:
             self.validation_engine = RolloutEngine(
                 self.policy, self.envs, RolloutConfig(grpo.execute_steps, v.temperature, SALT_VALIDATION,
                                                       record_frames=False, overlap_groups=grpo.overlap_groups))
-        if resume is not None:
-            try:
-                self._load_training_state(*resume)
-            except BaseException:
-                self.close()
-                raise
 
     def _make_envs(self):
-        from envs.factory import env_factory, env_pool
-
         e, cameras = self.recipe.env, ("agentview", "wrist")[:self.policy.config.num_images]
-        return env_pool([env_factory(e.suite, task, cameras, e.image_convention, self.recipe.grpo.max_real_steps,
-                                     gym=e.gym) for task in e.tasks for _ in range(e.envs_per_task)],
-                        e.backend, e.ray_address, e.envs_per_worker)
+        return e.pool([e.factory(task, cameras, self.recipe.grpo.max_real_steps)
+                       for task in e.tasks for _ in range(e.envs_per_task)])
 
     def _env_of(self, task_id: str) -> int:
         return next(k for k, info in enumerate(self.envs.infos) if info.task_id == task_id)
 
     def _init_state_pools(self) -> dict[str, list]:
-        """Per task: generated RL training states (see `minivla_wmrl.init_states`), or protocol
+        """Per task: generated RL training states (see `minivla_wmrl.rl.init_states`), or protocol
         indices when the recipe lists them and allows it."""
         e, infos, pools = self.recipe.env, self.envs.infos, {}
         for task_id in self.task_ids:
@@ -420,11 +465,7 @@ class GRPOTrainer:
         if grpo.execution == "truncated":
             anchor_rng = np.random.default_rng([grpo.seed, self.step, attempt, task_index, SALT_TRUNCATED_ANCHORS])
             groups = np.array([planned.group for planned in specs])
-            anchors = np.zeros(len(specs), bool)
-            for group in np.unique(groups):  # at least one anchor per group: every group calibrates
-                members = np.flatnonzero(groups == group)
-                anchors[anchor_rng.choice(members, max(1, round(grpo.anchor_fraction * len(members))),
-                                          replace=False)] = True
+            anchors = pick_anchors(groups, np.ones(len(specs), bool), grpo.anchor_fraction, anchor_rng, min_per_group=1)
             specs = [PlannedRollout(replace(p.spec, horizon=None if anchor else grpo.wm_horizon), p.group, bool(anchor))
                      for p, anchor in zip(specs, anchors)]
         return specs
@@ -486,21 +527,22 @@ class GRPOTrainer:
             self.counters["truncated_episodes"] += int(summaries[k].truncated)
 
     def _anchors(self, groups: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Full execution's anchors, among the rollouts that ran (sparse: every one is labelled)."""
         grpo = self.recipe.grpo
-        rng = np.random.default_rng([grpo.seed, self.step, SALT_FULL_ANCHORS])
-        anchors = np.zeros(len(groups), bool)
         if grpo.reward_mode == "sparse":
-            return valid.copy()  # the baseline labels every rollout
-        for group in np.unique(groups):
-            members = np.flatnonzero((groups == group) & valid)
-            count = min(len(members), int(round(grpo.anchor_fraction * len(members))))
-            anchors[rng.choice(members, count, replace=False)] = True
-        missing = min(grpo.min_anchors, int(valid.sum())) - int(anchors.sum())
-        if missing > 0:
-            anchors[rng.choice(np.flatnonzero(valid & ~anchors), missing, replace=False)] = True
-        return anchors
+            return valid.copy()
+        rng = np.random.default_rng([grpo.seed, self.step, SALT_FULL_ANCHORS])
+        return pick_anchors(groups, valid, grpo.anchor_fraction, rng, min_total=grpo.min_anchors)
 
-    # -- 2-7. scoring, corrections, rewards, advantages -----------------------------------------------------
+    # -- 2. predictions ----------------------------------------------------------------------------------
+
+    def predictions(self, batch: StepBatch) -> tuple[dict[int, LabelledTrajectory], np.ndarray]:
+        """The world model's view of this process's rollouts (whole: what co-training learns from) and
+        every rollout's score (under truncated execution, of the prefix up to the horizon: all that
+        a cut rollout has)."""
+        inputs = self.world_model_inputs(batch)
+        prefixes = self.world_model_inputs(batch, self.recipe.grpo.wm_horizon) if batch.early is not None else inputs
+        return inputs, self.score(batch, prefixes)
 
     def world_model_inputs(self, batch: StepBatch, horizon: int | None = None) -> dict[int, LabelledTrajectory]:
         """This process's valid rollouts as the world model reads them (query frames + final frame,
@@ -530,41 +572,58 @@ class GRPOTrainer:
                              f"of step {self.step + 1}; the step is refused and nothing was written")
         return scores
 
-    def rewards(self, batch: StepBatch, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
-        """Rewards (NaN = unlabelled) and the advantages after group normalisation and anchor weighting."""
+    # -- 3. corrections ----------------------------------------------------------------------------------
+
+    def corrections(self, batch: StepBatch, scores: np.ndarray) -> tuple[np.ndarray | None, dict]:
+        """dense_calib: the anchors' (score, real outcome) pairs go to the debiaser, their calibrated
+        residuals to the weighter; returns every rollout's calibrated score (None in other modes).
+        Under truncated execution the pairs are the anchors that ran past the horizon, scored on
+        their prefix: exactly what a cut rollout's calibrated score estimates, P(success | prefix)."""
+        log = {"calibrated": 0.0, "bias_reduction": float("nan")}
+        if self.recipe.grpo.reward_mode != "dense_calib":
+            return None, log
+        a, y = batch.anchors, batch.outcomes
+        pairs = a if batch.early is None else a & ~batch.early
+        self.debiaser.add(scores[pairs], y[pairs])
+        # how well the world model's score ranks real outcomes, over every calibration pair so far
+        log["calibration_auroc"] = auroc(*np.array(self.debiaser.pairs).T) if self.debiaser.pairs else float("nan")
+        if self.debiaser.calibrated:
+            before = centred_residual(scores[pairs], y[pairs], batch.groups[pairs])
+            after = centred_residual(self.debiaser(scores[pairs]), y[pairs], batch.groups[pairs])
+            log.update(calibrated=1.0, bias_reduction=1 - after / before if before > 0 else float("nan"))
+            self.weighter.observe_step(self.debiaser(scores[pairs]), y[pairs], batch.groups[pairs])
+        return self.debiaser(scores), log
+
+    # -- 4. rewards --------------------------------------------------------------------------------------
+
+    def rewards(self, batch: StepBatch, scores: np.ndarray, calibrated: np.ndarray | None) -> np.ndarray:
+        """Each rollout's reward by `reward_mode` (NaN: unlabelled, or an infrastructure failure)."""
         grpo, a, y = self.recipe.grpo, batch.anchors, batch.outcomes
-        log = {"calibrated": 0.0, "bias_reduction": float("nan"), "anchor_weight": 1.0}
         if grpo.reward_mode == "sparse":
             rewards = y.copy()
         elif grpo.reward_mode == "sparse_scarce":
             rewards = np.where(a, y, np.nan)
         elif grpo.reward_mode == "dense_raw":
             rewards = scores.copy()
-        else:
-            # calibration pairs: (score, real final outcome) of anchors; under truncated execution the
-            # score of the anchor's prefix, for anchors that ran past the horizon: exactly what a cut
-            # rollout's calibrated score estimates, P(real success | prefix score)
-            pairs = a if batch.early is None else a & ~batch.early
-            self.debiaser.add(scores[pairs], y[pairs])
-            # how well the world model's score ranks real outcomes, over every calibration pair so far
-            log["calibration_auroc"] = auroc(*np.array(self.debiaser.pairs).T) if self.debiaser.pairs else float("nan")
-            if self.debiaser.calibrated:
-                before = centred_residual(scores[pairs], y[pairs], batch.groups[pairs])
-                after = centred_residual(self.debiaser(scores[pairs]), y[pairs], batch.groups[pairs])
-                log.update(calibrated=1.0, bias_reduction=1 - after / before if before > 0 else float("nan"))
-                self.weighter.observe_step(self.debiaser(scores[pairs]), y[pairs], batch.groups[pairs])
-            calibrated = self.debiaser(scores)
-            if batch.early is None:  # full execution: every score is of a whole trajectory
-                anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[grpo.anchor_reward]
-                rewards = np.where(a, anchor_value, calibrated)
-            else:  # truncated: what ran to its end keeps its real outcome; only cut rollouts get a prediction
-                rewards = np.where(a | batch.early, y, calibrated)
+        elif batch.early is None:  # full execution: every score is of a whole trajectory
+            anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[grpo.anchor_reward]
+            rewards = np.where(a, anchor_value, calibrated)
+        else:  # truncated: what ran to its end keeps its real outcome; only cut rollouts get a prediction
+            rewards = np.where(a | batch.early, y, calibrated)
         rewards = np.where(batch.valid, rewards, np.nan)
         if grpo.shuffle_rewards:
             rewards = shuffle_within_groups(rewards, batch.groups,
                                             np.random.default_rng([grpo.seed, self.step, SALT_SHUFFLED_REWARDS]))
+        return rewards
+
+    # -- 5. advantages -----------------------------------------------------------------------------------
+
+    def advantages(self, batch: StepBatch, rewards: np.ndarray) -> tuple[np.ndarray, dict]:
+        """Group-normalised advantages (0 for ungraded rollouts), the anchors' × the anchor weight
+        while denoising acts."""
+        grpo, a = self.recipe.grpo, batch.anchors
         advantages, graded = group_advantages(rewards, batch.groups, grpo.scale_std)
-        log["debias_fit_failed"] = float(self.debiaser.fit_failed)
+        log = {"anchor_weight": 1.0, "debias_fit_failed": float(self.debiaser.fit_failed)}
         denoising = grpo.reward_mode == "dense_calib" and self.debiaser.calibrated
         # active when the weight exceeds 1 and there are world-model rewards for it to count anchors above
         log["denoise_active"] = float(denoising and self.weighter.active and bool((graded & ~a).any()))
@@ -575,9 +634,9 @@ class GRPOTrainer:
         zero_std = [np.nanstd(rewards[(batch.groups == group) & graded]) < 1e-9 for group in np.unique(batch.groups)
                     if ((batch.groups == group) & graded).any()]
         log["frac_reward_zero_std"] = float(np.mean(zero_std)) if zero_std else 1.0
-        return rewards, np.where(graded, advantages, 0.0), log
+        return np.where(graded, advantages, 0.0), log
 
-    # -- 8. policy update -----------------------------------------------------------------------------------
+    # -- 6. policy update -----------------------------------------------------------------------------------
 
     def _samples(self, batch: StepBatch, advantages: np.ndarray) -> list[Sample]:
         """A random subset of each rollout's queries; the same list in every process (it is drawn
@@ -675,6 +734,8 @@ class GRPOTrainer:
     # -- one step, checkpoints --------------------------------------------------------------------------------
 
     def train_step(self) -> dict:
+        """One GRPO step: rollouts → predictions → corrections → rewards → advantages → update, then
+        world-model co-training on the anchors' real outcomes."""
         grpo = self.recipe.grpo
         self.policy.eval()
         t0, before = time.perf_counter(), dict(self.counters)
@@ -682,44 +743,52 @@ class GRPOTrainer:
             batch = self.rollouts()
         self.keep_replay(batch)
         t1 = time.perf_counter()
-        inputs = self.world_model_inputs(batch)
-        prefixes = self.world_model_inputs(batch, grpo.wm_horizon) if batch.early is not None else inputs
-        scores = self.score(batch, prefixes)
-        rewards, advantages, log = self.rewards(batch, scores)
+        inputs, scores = self.predictions(batch)
+        calibrated, correction_log = self.corrections(batch, scores)
+        rewards = self.rewards(batch, scores, calibrated)
+        advantages, advantage_log = self.advantages(batch, rewards)
         t2 = time.perf_counter()
         samples = self._samples(batch, advantages)
         update = self.update(batch, samples) if samples else {}
-        wm_loss = float("nan")
-        # dense_raw uses no real labels, so it has none to co-train on
-        if self.wm_trainer is not None and batch.anchors.any() and grpo.reward_mode != "dense_raw":
-            wm_loss = self.wm_trainer.update([inputs[k] for k in inputs if batch.anchors[k]], grpo.wm_update_steps)
+        wm_loss = self.cotrain_world_model(batch, inputs)
         t3 = time.perf_counter()
         self.step += 1
         if grpo.reward_mode != "dense_raw":
             self.counters["real_labels_used"] += int(batch.anchors.sum())
+        log = {**correction_log, **advantage_log, "samples": len(samples), **update, "wm_loss": wm_loss,
+               "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2}
+        return self._step_record(batch, scores, rewards, before, log)
+
+    def cotrain_world_model(self, batch: StepBatch, inputs: dict[int, LabelledTrajectory]) -> float:
+        """Update a trainable world model on the anchors' whole trajectories and real outcomes (NaN
+        when it does not train; dense_raw uses no real labels, so it has none to learn from)."""
+        grpo = self.recipe.grpo
+        if self.wm_trainer is None or not batch.anchors.any() or grpo.reward_mode == "dense_raw":
+            return float("nan")
+        return self.wm_trainer.update([inputs[k] for k in inputs if batch.anchors[k]], grpo.wm_update_steps)
+
+    def _step_record(self, batch: StepBatch, scores: np.ndarray, rewards: np.ndarray, before: dict,
+                     log: dict) -> dict:
+        """What the step logs. Under truncated execution a cut rollout's outcome is unknown (its reward
+        is a prediction): success is measured on the rollouts that ran to their end, and the cut ones'
+        predicted success is logged apart."""
         valid, a = batch.valid, batch.anchors
-        # truncated execution: a cut rollout's outcome is unknown (its reward is a prediction), so success is
-        # measured on the rollouts that ran to their end, and the cut ones' predicted success is logged apart
         cut = valid & ~a & ~batch.early if batch.early is not None else np.zeros_like(valid)
         known = valid & ~cut
-        record = {
+        return {
             "step": self.step, "success_rate": float(batch.outcomes[known].mean()) if known.any() else float("nan"),
             "cut_rollouts": int(cut.sum()),
             "predicted_success_cut": float(np.nanmean(rewards[cut])) if cut.any() else float("nan"),
             "rollouts": len(batch.trajectories), "failures": int((~valid).sum()),
             "anchor_fraction": float(a.sum() / max(valid.sum(), 1)),
-            "reward_mean_anchor": float(np.nanmean(rewards[a])) if np.isfinite(rewards[a]).any() else float("nan"),
-            "reward_mean_wm": (float(np.nanmean(rewards[valid & ~a])) if np.isfinite(rewards[valid & ~a]).any()
-                               else float("nan")),
+            "reward_mean_anchor": _labelled_mean(rewards[a]), "reward_mean_wm": _labelled_mean(rewards[valid & ~a]),
             "wm_score_mean": float(np.nanmean(scores)) if valid.any() else float("nan"),
-            **log, "samples": len(samples), **update, "wm_loss": wm_loss,
-            "resampled_groups": batch.resampled_groups, "skipped_groups": batch.skipped_groups, **self.counters,
+            **log, "resampled_groups": batch.resampled_groups, "skipped_groups": batch.skipped_groups,
+            **self.counters,
             **{f"step_{k}": self.counters[k] - before[k] for k in (
                 "real_episodes", "real_steps", "sim_steps", "real_steps_full", "real_steps_horizon",
                 "truncated_episodes")},
-            "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
         }
-        return record
 
     def keep_replay(self, batch: StepBatch) -> None:
         """Put the step's rollouts that ran to their end in the replay store (`OUT/replay/`), where

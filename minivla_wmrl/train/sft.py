@@ -4,7 +4,7 @@ Reads the demos, splits episodes into train and held out, computes the BOUNDS_Q9
 trains (or loads) the action tokenizer, then trains the policy with teacher forcing on the 7
 action tokens and the two end tokens. AdamW at a constant lr with grad clipping and gradient
 accumulation; bf16 autocast on CUDA. Metrics go to `metrics.jsonl` and TensorBoard; checkpoints
-(`checkpoints/step_N/`: the policy, its training state and recipe; see `minivla_wmrl.checkpoint`)
+(`checkpoints/step_N/`: the policy, its training state and recipe; see `minivla_wmrl.infra.run_checkpoint`)
 are atomic, and a run restarted with the same recipe resumes from the latest one with the same
 data order, RNG and optimizer state.
 """
@@ -15,28 +15,51 @@ import json
 import random
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Literal
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-from minivla_wmrl.checkpoint import (global_rng_state, latest_checkpoint, restore_global_rng, resume_checkpoint,
-                                     run_lock, save_checkpoint)
-from minivla_wmrl.config import InputPath, Range, Seed, check_config, check_input_paths, load_recipe
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import DemoDataset, collate, read_episodes
-from minivla_wmrl.distributed import init_distributed
-from minivla_wmrl.fsdp import (clip_gradients, full_parameters, load_optimizer_state, optimizer_state, policy_weights,
-                               shard_policy)
-from minivla_wmrl.normalization import ActionStatistics
+from minivla_wmrl.infra.config import (
+    RESUMABLE,
+    RUNTIME,
+    InputPath,
+    Range,
+    Seed,
+    check_config,
+    check_input_paths,
+    load_recipe,
+    marked_keys,
+)
+from minivla_wmrl.infra.distributed import init_distributed
+from minivla_wmrl.infra.fsdp import (
+    clip_gradients,
+    full_parameters,
+    load_optimizer_state,
+    optimizer_state,
+    policy_weights,
+    shard_policy,
+)
+from minivla_wmrl.infra.run_checkpoint import (
+    global_rng_state,
+    latest_checkpoint,
+    restore_global_rng,
+    resume_checkpoint,
+    run_lock,
+    save_checkpoint,
+)
+from minivla_wmrl.infra.run_log import MetricsLog
 from minivla_wmrl.policy import MiniVLA, preset
-from minivla_wmrl.policy.checkpoint import write_policy
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
-from minivla_wmrl.run_log import MetricsLog
+from minivla_wmrl.policy.normalization import ActionStatistics
+from minivla_wmrl.policy.storage import write_policy
+from minivla_wmrl.policy.tokenizer import add_action_tokens, tiny_qwen_style_tokenizer
 from minivla_wmrl.train.vq import VQTrainConfig, split_episodes, train_action_tokenizer
 
 
@@ -65,10 +88,10 @@ class PolicySetup:
     lora_r: Annotated[int, Range(1)] = 16
     lora_alpha: Annotated[int, Range(1)] = 32
     freeze_vision: bool = False
-    device: str = "cpu"
+    device: Annotated[str, RUNTIME] = "cpu"
     dtype: PolicyDtype = "float32"  # "bfloat16": autocast on CUDA
     # under torchrun: shard parameters, gradients and optimiser state (FSDP2), not a copy per process (DDP)
-    fsdp: bool = False
+    fsdp: Annotated[bool, RESUMABLE] = False
 
 
 @dataclass
@@ -80,24 +103,24 @@ class VQSetup:
 
 @dataclass
 class SFTConfig:
-    steps: Annotated[int, Range(0)] = 1000
+    steps: Annotated[int, Range(0), RESUMABLE] = 1000
     batch_size: Annotated[int, Range(1)] = 16
     grad_accum: Annotated[int, Range(1)] = 1
     lr: Annotated[float, Range(0)] = 2e-5  # MiniVLA: constant
     weight_decay: Annotated[float, Range(0)] = 0.0
     grad_clip: Annotated[float, Range(0)] = 1.0
-    log_every: Annotated[int, Range(1)] = 10
-    eval_every: Annotated[int, Range(1)] = 100
-    save_every: Annotated[int, Range(1)] = 500
-    val_batches: Annotated[int, Range(0)] = 4
-    num_workers: Annotated[int, Range(0)] = 0
+    log_every: Annotated[int, Range(1), RESUMABLE] = 10
+    eval_every: Annotated[int, Range(1), RESUMABLE] = 100
+    save_every: Annotated[int, Range(1), RESUMABLE] = 500
+    val_batches: Annotated[int, Range(0), RESUMABLE] = 4
+    num_workers: Annotated[int, Range(0), RUNTIME] = 0
     seed: Seed = 0
 
 
 @dataclass
 class SFTRecipe:
-    out: str = "runs/sft"
-    resume: bool = True  # continue from the latest checkpoint in `out` when there is one
+    out: Annotated[str, RUNTIME] = "runs/sft"
+    resume: Annotated[bool, RUNTIME] = True  # continue from the latest checkpoint in `out` when there is one
     data: DataConfig = field(default_factory=DataConfig)
     policy: PolicySetup = field(default_factory=PolicySetup)
     vq: VQSetup = field(default_factory=VQSetup)
@@ -105,8 +128,7 @@ class SFTRecipe:
 
 
 # settings a resume may change: how long, how often to log and save, where it runs
-RESUMABLE_CHANGES = ("out", "resume", "sft.steps", "sft.log_every", "sft.eval_every", "sft.save_every",
-                     "sft.val_batches", "sft.num_workers", "policy.device", "policy.fsdp")
+RESUMABLE_CHANGES = marked_keys(SFTRecipe, RESUMABLE)
 
 
 class ResumableBatchSampler(Sampler):
@@ -134,11 +156,9 @@ class ResumableBatchSampler(Sampler):
 
 
 def _tokenizer(spec: str):
-    from minivla_wmrl.policy.tokenizer import add_action_tokens, tiny_qwen_style_tokenizer
-
     if spec == "tiny":
         return tiny_qwen_style_tokenizer()
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # transformers: seconds to import; the tiny tokenizer needs none
 
     if not Path(spec).is_dir():
         raise FileNotFoundError(f"policy.tokenizer {spec!r} is neither 'tiny' nor a local tokenizer directory "

@@ -3,7 +3,7 @@
 RL can make a policy better where it trains and worse where it is evaluated (a task the recipe
 was never tuned on lost 20 points held out while its training success doubled). So every
 `every` GRPO steps, and once before the first, the policy runs the same episodes on a task's
-validation states (`minivla_wmrl.init_states`: disjoint from the RL training states and from
+validation states (`minivla_wmrl.rl.init_states`: disjoint from the RL training states and from
 the protocol's test states), with the protocol's temperature, the same sampling seed per
 (state, sample) every time so that checks pair episode by episode. The tracker keeps the best
 checkpoint by validation success (ties keep the earlier: the SFT checkpoint unless training
@@ -19,8 +19,8 @@ from typing import Annotated
 
 import numpy as np
 
-from minivla_wmrl.config import Range
-from minivla_wmrl.statistics import mcnemar_exact
+from minivla_wmrl.evaluation.statistics import mcnemar_exact
+from minivla_wmrl.infra.config import Range
 
 SALT_VALIDATION = 6_000_003  # the sampling seeds of validation episodes (fixed for the whole run: paired checks)
 

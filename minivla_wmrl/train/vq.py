@@ -16,13 +16,20 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
-from minivla_wmrl.config import (InputPath, Range, Seed, check_config, check_input_paths, command_line_parser,
-                                 config_from_dict)
 from minivla_wmrl.data.chunks import episode_chunks
 from minivla_wmrl.data.dataset import read_episodes
-from minivla_wmrl.normalization import ActionStatistics, write_statistics
-from minivla_wmrl.outputs import check_output_dir, create_output_dir
+from minivla_wmrl.infra.config import (
+    InputPath,
+    Range,
+    Seed,
+    check_config,
+    check_input_paths,
+    command_line_parser,
+    config_from_dict,
+)
+from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
+from minivla_wmrl.policy.normalization import ActionStatistics, write_statistics
 
 
 @dataclass

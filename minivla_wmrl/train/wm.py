@@ -22,22 +22,48 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Literal
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from minivla_wmrl.outputs import replaced_directory
-from minivla_wmrl.checkpoint import global_rng_state, restore_global_rng, resume_checkpoint, run_lock, save_checkpoint
-from minivla_wmrl.config import InputPath, Range, Seed, check_config, check_input_paths, load_recipe
 import minivla_wmrl.policy.frame_encoder  # noqa: F401 - registers the world model's "policy:<checkpoint>" encoder
-from minivla_wmrl.data.trajectories import (LabelledTrajectory, demo_trajectories, load_trajectories,
-                                            rollout_trajectories, save_trajectories)
-from minivla_wmrl.run_log import MetricsLog
-from minivla_wmrl.statistics import auroc
+from minivla_wmrl.data.replay import write_replay
+from minivla_wmrl.data.trajectories import (
+    LabelledTrajectory,
+    demo_trajectories,
+    load_trajectories,
+    rollout_trajectories,
+    save_trajectories,
+)
+from minivla_wmrl.evaluation.statistics import auroc
+from minivla_wmrl.infra.config import (
+    RESUMABLE,
+    RUNTIME,
+    InputPath,
+    Range,
+    Seed,
+    check_config,
+    check_input_paths,
+    load_recipe,
+    marked_keys,
+)
+from minivla_wmrl.infra.outputs import replaced_directory
+from minivla_wmrl.infra.run_checkpoint import (
+    global_rng_state,
+    restore_global_rng,
+    resume_checkpoint,
+    run_lock,
+    save_checkpoint,
+)
+from minivla_wmrl.infra.run_log import MetricsLog
+from minivla_wmrl.policy.minivla import MiniVLA
+from minivla_wmrl.rl.env_setup import EnvSetup
+from minivla_wmrl.rl.init_states import vector_training_init_states
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
 from minivla_wmrl.train.vq import split_episodes
 from world_models.progress_model import ProgressModelConfig, ProgressWorldModel
 from world_models.scorer import sample_frame_indices
@@ -45,7 +71,7 @@ from world_models.scorer import sample_frame_indices
 
 @dataclass
 class WMTrainConfig:
-    steps: Annotated[int, Range(1)] = 2000
+    steps: Annotated[int, Range(1), RESUMABLE] = 2000
     batch_size: Annotated[int, Range(1)] = 16
     lr: Annotated[float, Range(0)] = 3e-4
     weight_decay: Annotated[float, Range(0)] = 0.01
@@ -56,14 +82,14 @@ class WMTrainConfig:
     # truncated GRPO execution needs)
     prefix_target: Literal["reached", "final"] = "reached"
     # also report held-out AUROC on prefixes of these many frames
-    eval_prefixes: list[int] = field(default_factory=list)
+    eval_prefixes: Annotated[list[int], RESUMABLE] = field(default_factory=list)
     # "zero": failed rollouts' progress target is 0; "none": no progress loss on them
     failed_progress: Literal["zero", "none"] = "zero"
     progress_weight: Annotated[float, Range(0)] = 1.0
     success_weight: Annotated[float, Range(0)] = 1.0
     val_fraction: Annotated[float, Range(0, below=1)] = 0.2
-    eval_every: Annotated[int, Range(1)] = 200
-    save_every: Annotated[int, Range(1)] = 500
+    eval_every: Annotated[int, Range(1), RESUMABLE] = 200
+    save_every: Annotated[int, Range(1), RESUMABLE] = 500
     seed: Seed = 0
 
 
@@ -79,26 +105,22 @@ class WMData:
     image_key: str = "agentview_rgb"  # the demos' camera (gym demos: image_rgb)
 
 
-@dataclass
-class WMCollect:
+@dataclass(kw_only=True)
+class WMCollect(EnvSetup):
     """Optionally collect real-labelled rollouts first (RL training init states, never evaluation ones)."""
 
     checkpoint: Annotated[str | None, InputPath("dir")] = None  # a policy checkpoint; None: collect nothing
-    suite: str = "libero_90"
-    tasks: list[str] = field(default_factory=lambda: ["0"])
     episodes_per_task: Annotated[int, Range(0)] = 16
     temperature: Annotated[float, Range(0)] = 1.0
     execute_steps: Annotated[int, Range(1)] = 8
     max_steps: Annotated[int | None, Range(1)] = None  # None: the suite's protocol cap
-    envs: Annotated[int, Range(1)] = 2
-    image_convention: Literal["minivla", "openvla"] = "minivla"  # must match the policy's training data
-    gym: dict = field(default_factory=dict)  # suite "gym": GymRobotEnv options (instruction, resolution, ...)
+    envs: Annotated[int, Range(1), RESUMABLE] = 2  # parallel envs per task
 
 
 @dataclass
 class WMRecipe:
-    out: str = "runs/wm"
-    resume: bool = True
+    out: Annotated[str, RUNTIME] = "runs/wm"
+    resume: Annotated[bool, RUNTIME] = True
     data: WMData = field(default_factory=WMData)
     collect: WMCollect = field(default_factory=WMCollect)
     model: ProgressModelConfig = field(default_factory=ProgressModelConfig)
@@ -183,7 +205,7 @@ class WorldModelTrainer:
     @torch.no_grad()
     def metrics(self, trajectories: list[LabelledTrajectory]) -> dict:
         """Held-out success AUROC, progress rank correlation on successes, success calibration error."""
-        from scipy.stats import spearmanr
+        from scipy.stats import spearmanr  # scipy.stats: ~0.5 s to import; only the held-out metrics need it
 
         prediction = self.model.predict_trajectories([t.frames for t in trajectories],
                                                      [t.instruction for t in trajectories])
@@ -213,20 +235,11 @@ def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
     """Run a policy on RL training init states of each task and save the real-labelled trajectories
     (their frames at `out`, for the world model; their policy signals in the replay store beside it,
     `replay/collect.hdf5`, for outcome probes)."""
-    from minivla_wmrl.data.replay import write_replay
-    from envs.factory import env_factory
-    from envs.vector_env import VectorEnv
-    from minivla_wmrl.init_states import vector_training_init_states
-    from minivla_wmrl.policy.minivla import MiniVLA
-    from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine
-
     policy = MiniVLA.from_pretrained(collect.checkpoint)
     cameras = ("agentview", "wrist")[:policy.config.num_images]
     labelled, executed = [], []
     for task in collect.tasks:
-        factory = env_factory(collect.suite, task, cameras, collect.image_convention, collect.max_steps,
-                              gym=collect.gym)
-        with VectorEnv([factory] * collect.envs) as envs:
+        with collect.pool([collect.factory(task, cameras, collect.max_steps)] * collect.envs) as envs:
             states = vector_training_init_states(envs, 0, collect.episodes_per_task)
             specs = [EpisodeSpec(envs.infos[0].task_id, state, seed=k) for k, state in enumerate(states)]
             engine = RolloutEngine(policy, envs, RolloutConfig(collect.execute_steps, collect.temperature))
@@ -236,9 +249,8 @@ def collect_rollouts(collect: WMCollect, size: int, out: Path) -> Path:
     return save_trajectories(out, labelled)
 
 
-# settings a resume may change: how long, how often to evaluate and save
-RESUMABLE_CHANGES = ("out", "resume", "train.steps", "train.eval_every", "train.save_every", "train.eval_prefixes",
-                     "collect.envs")
+# settings a resume may change: how long, how often to evaluate and save, where it runs
+RESUMABLE_CHANGES = marked_keys(WMRecipe, RESUMABLE)
 
 
 def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:

@@ -15,7 +15,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.infra.atomic import atomic_file
 
 
 def _git_commit() -> str | None:

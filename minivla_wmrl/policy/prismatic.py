@@ -1,7 +1,5 @@
-"""Policy checkpoints: our directory format, and import of a Prismatic MiniVLA run directory.
+"""Import of a Prismatic MiniVLA run directory (openvla-mini's training output).
 
-Ours: `config.json`, `model.safetensors`, `dataset_statistics.json`, `tokenizer/`,
-`action_tokenizer/`, written to a temporary directory and renamed into place.
 Prismatic: `config.json` ({"vla": ...}), `dataset_statistics.json`, `checkpoints/*.pt` holding
 `{"model": {"vision_backbone", "projector", "llm_backbone"}}`; the VQ folder and a local Qwen
 tokenizer directory come separately. Nothing is downloaded: modules are built from configs, then
@@ -14,78 +12,13 @@ import json
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
-from minivla_wmrl.action_tokenizer import ActionTokenizer
-from minivla_wmrl.checkpoint import load_weights, read_json
-from minivla_wmrl.normalization import read_statistics, write_statistics
-from minivla_wmrl.policy.config import MiniVLAConfig, preset
+from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
+from minivla_wmrl.policy.config import preset
 from minivla_wmrl.policy.minivla import MiniVLA
+from minivla_wmrl.policy.storage import read_dataset_statistics
 from minivla_wmrl.policy.tokenizer import add_action_tokens
-
-FORMAT = "minivla-wmrl-policy/1"
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer", "action_tokenizer")
-
-
-def write_policy(policy: MiniVLA, directory: Path, dataset_name: str = "dataset",
-                 weights: dict[str, torch.Tensor] | None = None) -> None:
-    """Write the checkpoint files into an existing directory (callers make it atomic). `weights`:
-    the full state dict of a sharded (FSDP) policy, whose own parameters are only this process's shards."""
-    from safetensors.torch import save_file, save_model
-
-    directory = Path(directory)
-    meta = {"format": FORMAT, "policy": policy.config.to_dict(), "lora": getattr(policy, "lora", None),
-            "dataset_name": dataset_name}
-    (directory / "config.json").write_text(json.dumps(meta, indent=2))
-    if weights is None:
-        save_model(policy, str(directory / "model.safetensors"))  # handles Qwen's tied embeddings
-    else:
-        names: dict[int, list[str]] = {}  # tied parameters (Qwen's embeddings and LM head) by identity
-        for name, parameter in policy.named_parameters(remove_duplicate=False):
-            names.setdefault(id(parameter), []).append(name)
-        tied = {name for group in names.values() for name in sorted(group)[1:]}  # save_model keeps the first
-        save_file({k: v.contiguous() for k, v in weights.items() if k not in tied},
-                  str(directory / "model.safetensors"), metadata={"format": "pt"})
-    policy.tokenizer.save_pretrained(directory / "tokenizer")
-    policy.action_tokenizer.save_pretrained(directory / "action_tokenizer")
-    if policy.statistics is not None:
-        write_statistics(directory / "dataset_statistics.json", {dataset_name: policy.statistics})
-
-
-def _statistics(path: Path, key: str | None):
-    if not path.is_file():
-        return None
-    stats = read_statistics(path)
-    if key is None and len(stats) == 1:
-        return next(iter(stats.values()))
-    if key not in stats:
-        raise ValueError(f"{path} holds statistics for {sorted(stats)}; choose one with unnorm_key")
-    return stats[key]
-
-
-def load_policy(directory: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> MiniVLA:
-    from transformers import AutoTokenizer
-
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"policy checkpoint {directory} does not exist")
-    missing = [name for name in CHECKPOINT_FILES if not (directory / name).exists()]
-    if missing:
-        raise FileNotFoundError(f"policy checkpoint {directory} lacks {', '.join(missing)}; a checkpoint holds "
-                                f"{', '.join(CHECKPOINT_FILES)} (and dataset_statistics.json)")
-    config_path = directory / "config.json"
-    meta = read_json(config_path, "policy checkpoint config")
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{config_path} is not a {FORMAT} checkpoint "
-                         "(a Prismatic run directory? use import_prismatic)")
-    policy = MiniVLA(MiniVLAConfig.from_dict(meta["policy"], str(config_path)),
-                     AutoTokenizer.from_pretrained(directory / "tokenizer"),
-                     ActionTokenizer.from_pretrained(directory / "action_tokenizer"),
-                     _statistics(directory / "dataset_statistics.json", meta.get("dataset_name")))
-    if meta.get("lora"):
-        lora = meta["lora"]
-        policy.add_lora(lora["r"], lora["alpha"], lora["dropout"], lora["targets"])
-    load_weights(policy, directory / "model.safetensors")
-    return policy.to(device=device, dtype=dtype).eval()
 
 
 def prismatic_variant(run_config: dict, where: str) -> dict:
@@ -118,8 +51,6 @@ def import_prismatic(run_dir: Path, vq_dir: Path, qwen_dir: Path, preset_name: s
 
     `center_crop` None: as the run trained (its `image_aug`); `dtype`: float32, or bfloat16 as the
     reference evaluates the whole VLA."""
-    from transformers import AutoTokenizer
-
     run_dir = Path(run_dir)
     config_path = run_dir / "config.json"
     if not config_path.is_file():
@@ -143,7 +74,7 @@ def import_prismatic(run_dir: Path, vq_dir: Path, qwen_dir: Path, preset_name: s
     config = preset(preset_name)
     config.center_crop = variant["center_crop"] if center_crop is None else center_crop
     policy = MiniVLA(config, tokenizer, ActionTokenizer.from_pretrained(vq_dir),
-                     _statistics(run_dir / "dataset_statistics.json", unnorm_key))
+                     read_dataset_statistics(run_dir / "dataset_statistics.json", unnorm_key))
     llm_state = {}
     for key, value in parts["llm_backbone"].items():
         if not key.startswith("llm."):

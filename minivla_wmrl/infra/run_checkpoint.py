@@ -33,8 +33,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, load_model, save_file
 
-from minivla_wmrl.outputs import create_output_dir, holds_only_bookkeeping, replaced_directory
+from minivla_wmrl.infra.outputs import create_output_dir, holds_only_bookkeeping, replaced_directory
 
 TRAINING_STATE_FILES = ("training_state.safetensors", "training_state.json")
 LEGACY_TRAINING_STATE = "training_state.pt"  # a pickle, written before this module: not loaded
@@ -110,8 +112,6 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 
 def write_training_state(directory: Path, state: dict) -> None:
-    from safetensors.torch import save_file
-
     tensors: dict[str, torch.Tensor] = {}
     structure = _encode(state, tensors)
     save_file(tensors, str(Path(directory) / TRAINING_STATE_FILES[0]))
@@ -119,8 +119,6 @@ def write_training_state(directory: Path, state: dict) -> None:
 
 
 def read_training_state(directory: Path) -> dict:
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     return _decode(json.loads((directory / TRAINING_STATE_FILES[1]).read_text()),
                    load_file(str(directory / TRAINING_STATE_FILES[0])))
@@ -158,9 +156,6 @@ def read_json(path: Path, what: str) -> dict:
 def load_weights(module: torch.nn.Module, path: Path) -> None:
     """Load a safetensors file into `module` (strict); a damaged file or one that does not fit the
     module (another preset's weights) is an error naming the file, not 100 lines of size mismatches."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
-
     if not Path(path).is_file():
         raise FileNotFoundError(f"weights {path} do not exist")
     try:
@@ -190,8 +185,6 @@ def save_checkpoint(out: Path, step: int, recipe: dict, state: dict, write_model
 def damage(directory: Path) -> str | None:
     """What is wrong with a checkpoint directory, or None when every file reads back: the training
     state and recipe exist, every JSON file parses and every safetensors file is complete."""
-    from safetensors import safe_open
-
     directory = Path(directory)
     for name in (*TRAINING_STATE_FILES, "recipe.json"):
         if not (directory / name).is_file():

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from minivla_wmrl.rollout import Trajectory
-from minivla_wmrl.statistics import auroc
+from minivla_wmrl.data.replay import read_replay
+from minivla_wmrl.evaluation.statistics import auroc
+from minivla_wmrl.infra.outputs import write_json_output
+from minivla_wmrl.rl.rollout import Trajectory
 from world_models.outcome_probe import ProbeEpisode, fit_outcome_probe, policy_signals
 
 SIGNALS = ("policy", "privileged")
@@ -101,9 +103,6 @@ def prefix_table(report: dict) -> str:
 def main(args) -> None:
     """`minivla-wmrl probe-report REPLAY...`: split the replay store's episodes into probe training and
     held-out test episodes (by episode, seeded), fit both probes, print the table."""
-    from minivla_wmrl.data.replay import read_replay
-    from minivla_wmrl.outputs import write_json_output
-
     if not 0 < args.test_fraction < 1:
         raise ValueError(f"--test-fraction {args.test_fraction}: expected a share of the episodes in (0, 1)")
     episodes = read_replay(args.replay)

@@ -8,6 +8,7 @@ before any work, so configs made in code are checked too).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
@@ -64,6 +65,34 @@ class InputPath:
                 expected = {"file": "a file", "dir": "a directory (or a Hub repo id owner/name)",
                             "either": "a file or a directory"}[self.kind]
                 raise FileNotFoundError(f"{where}: {item} does not exist; expected {expected}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mark:
+    """What a setting is, declared beside it (`Annotated[int, Range(1), RESUMABLE]`), so lists of
+    settings with a role are derived from the declarations (`marked_keys`), not kept by hand."""
+
+    name: str
+
+
+RESUMABLE = Mark("resumable")  # a resumed run may change it: how long it runs, how often it saves or checks
+RUNTIME = Mark("runtime")  # where and how the work runs, never what it computes: resumable, and ablation
+# cells may differ in it
+
+
+def marked_keys(cls: type, mark: Mark, prefix: str = "") -> tuple[str, ...]:
+    """The dotted keys of `cls`'s settings (nested dataclasses included) that carry `mark`; RUNTIME
+    settings count as RESUMABLE too."""
+    marks = {mark, RUNTIME} if mark == RESUMABLE else {mark}
+    keys = []
+    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+        extras = typing.get_args(hint)[1:] if typing.get_origin(hint) is typing.Annotated else ()
+        base = _constraints(hint)[0]
+        if dataclasses.is_dataclass(base):
+            keys += marked_keys(base, mark, f"{prefix}{name}.")
+        elif marks & {e for e in extras if isinstance(e, Mark)}:
+            keys.append(f"{prefix}{name}")
+    return tuple(keys)
 
 
 Seed = Annotated[int, Range(0, below=2**32)]  # every seed reaches numpy, whose seeds are 0 <= seed < 2**32
@@ -190,8 +219,6 @@ def command_line_parser(cls: type, prog: str, description: str):
     keeps a field off the command line, `metadata["positional"]` makes a list field the command's
     positional arguments. `config_from_dict(cls, vars(parsed), ...)` then checks
     ranges as for a recipe. argparse does the parsing; this only reads the declaration."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog=prog, description=description)
     hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.infra.atomic import atomic_file
 
 STAT_KEYS = ("mean", "std", "max", "min", "q01", "q99")
 

@@ -25,22 +25,43 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
-from envs.factory import GYM, check_pool_settings, env_factory, env_pool
-from envs.libero_env import (CONTROL_HZ, IMAGE_CONVENTIONS, SUITE_MAX_STEPS, LiberoEnv, get_suite, read_init_states,
-                              resolve_task)
-from minivla_wmrl.atomic import atomic_file
-from minivla_wmrl.config import (InputPath, Range, Seed, check_config, check_input_paths, command_line_parser,
-                                 config_from_dict)
-from minivla_wmrl.init_states import (TRAIN_SEED_BASE, VALIDATION_SEED_BASE, evaluation_init_states,
-                                      vector_training_init_states)
-from minivla_wmrl.outputs import check_output_dir, create_output_dir
+from envs.factory import GYM
+from envs.libero_env import (
+    CONTROL_HZ,
+    IMAGE_CONVENTIONS,
+    SUITE_MAX_STEPS,
+    LiberoEnv,
+    get_suite,
+    read_init_states,
+    resolve_task,
+)
+from minivla_wmrl.evaluation.statistics import rate
+from minivla_wmrl.evaluation.video import write_episode_video
+from minivla_wmrl.infra.atomic import atomic_file
+from minivla_wmrl.infra.config import (
+    InputPath,
+    Range,
+    Seed,
+    check_config,
+    check_input_paths,
+    command_line_parser,
+    config_from_dict,
+)
+from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
+from minivla_wmrl.infra.run_checkpoint import RUN_FILES
+from minivla_wmrl.infra.versions import record_versions
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
 from minivla_wmrl.policy.minivla import MiniVLA
-from minivla_wmrl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
-from minivla_wmrl.statistics import rate
-from minivla_wmrl.versions import record_versions
-from minivla_wmrl.video import write_episode_video
+from minivla_wmrl.rl.env_setup import EnvSetup
+from minivla_wmrl.rl.init_states import (
+    TRAIN_SEED_BASE,
+    VALIDATION_SEED_BASE,
+    evaluation_init_states,
+    vector_training_init_states,
+)
+from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from world_models.pretrained import pretrained_directory
 
 DRAWN_BASES = {"training": TRAIN_SEED_BASE, "validation": VALIDATION_SEED_BASE}
@@ -52,9 +73,10 @@ def _help(text: str, **more) -> dict:
 
 
 @dataclass(kw_only=True)
-class EvalProtocol:
-    """How each checkpoint is evaluated: the part of the settings a pipeline recipe's `eval:` section
-    shares with `minivla-wmrl eval` (which adds the checkpoint, suite and output)."""
+class EvalProtocol(EnvSetup):
+    """How each checkpoint is evaluated, and where its episodes run: what a pipeline recipe's `eval:`
+    section shares with `minivla-wmrl eval` (which adds the checkpoint and output; in a pipeline the
+    suite, tasks and image convention are the recipe's)."""
 
     trials: Annotated[int, Range(1)] = field(default=50, metadata=_help("trials per task; trial i uses init state i"))
     first_trial: Annotated[int, Range(0)] = field(default=0, metadata=_help(
@@ -75,12 +97,6 @@ class EvalProtocol:
     videos_per_task: Annotated[int | None, Range(0)] = field(default=None, metadata=_help(
         "keep at most this many videos per task (the first trials)"))
     dtype: PolicyDtype = field(default="float32", metadata=_help("policy weights and compute dtype"))
-    backend: Literal["local", "ray", "inline"] = field(default="local", metadata=_help(
-        "simulator workers: local processes, Ray actors, or inline (in this process, for cheap envs)"))
-    ray_address: str | None = field(default=None, metadata=_help(
-        "Ray cluster address (default: start a local Ray instance)"))
-    envs_per_worker: Annotated[int, Range(1)] = field(default=1, metadata=_help(
-        "envs per local worker process, sharing one GL context (~120 MB per further env instead of ~1.1 GB)"))
 
 
 @dataclass(kw_only=True)
@@ -92,14 +108,10 @@ class EvalConfig(EvalProtocol):
     out: str = field(default="runs/eval", metadata=_help("output directory"))
     tasks: list[str] = field(default_factory=list, metadata=_help(
         "task indices or names (default: every task of the suite)"))
-    image_convention: Literal["minivla", "openvla"] = field(default="minivla", metadata=_help(
-        "image orientation and size; must match the checkpoint's training data"))
     device: str = field(default="cpu", metadata=_help("torch device"))
     init_states: Literal["published", "training", "validation"] = field(default="published", metadata=_help(
         "the protocol's published init states, or RL's drawn training or validation states (trial i: the "
         "i-th draw): how a policy does where GRPO trains and checks it, beside where it is tested"))
-    # suite gym: GymRobotEnv options (instruction, resolution, ...); set by recipes, not flags
-    gym: dict = field(default_factory=dict, metadata={"cli": False})
 
 
 HASH_PROGRESS_BYTES = 256 << 20  # checkpoints larger than this hash behind a progress bar (MiniVLA-1B: ~5 GB)
@@ -107,10 +119,6 @@ HASH_PROGRESS_BYTES = 256 << 20  # checkpoints larger than this hash behind a pr
 
 def checkpoint_hash(directory: Path, progress: bool = False) -> str:
     """sha256 over the checkpoint's files (names and contents), training state and recipe excluded."""
-    from tqdm import tqdm
-
-    from minivla_wmrl.checkpoint import RUN_FILES
-
     paths = sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name not in RUN_FILES)
     total = sum(p.stat().st_size for p in paths)
     digest = hashlib.sha256()
@@ -275,7 +283,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     if config.samples_per_state > 1 and config.temperature <= 0:
         raise ValueError(f"samples_per_state {config.samples_per_state}: expected 1, or K > 1 with a temperature > 0 "
                          "(greedy samples would all be the same episode)")
-    check_pool_settings(config.backend, config.envs_per_worker)
+    config.check_pool()
     check_output_dir(Path(config.out), "eval")
     if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
         if not config.tasks:
@@ -324,8 +332,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
             if not todo:
                 continue
             videos_so_far = sum(1 for key, r in records.items() if key[0] == task and r.get("video"))
-            factory = env_factory(config.suite, task, cameras or (), config.image_convention, config.max_steps,
-                                  config.seed, config.gym)
+            factory = config.factory(task, cameras or (), config.max_steps, config.seed)
 
             def on_episode(trajectory: Trajectory, task=task) -> None:
                 nonlocal videos_so_far
@@ -344,8 +351,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                 os.fsync(log.fileno())
                 records[(task, trial, sample)] = record
 
-            with env_pool([factory] * min(config.envs, len(todo)), config.backend, config.ray_address,
-                          config.envs_per_worker) as envs:
+            with config.pool([factory] * min(config.envs, len(todo))) as envs:
                 task_id = envs.infos[0].task_id
                 count = max(trial_ids[task]) + 1
                 starts = (list(range(count)) if config.init_states == "published" else

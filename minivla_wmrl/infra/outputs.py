@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from minivla_wmrl.atomic import atomic_directory, atomic_file
+from minivla_wmrl.infra.atomic import atomic_directory, atomic_file
 
 MARK = ".minivla-wmrl.json"
 LOCK = ".lock"

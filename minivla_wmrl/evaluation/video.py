@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import imageio.v2 as imageio
 import numpy as np
+from PIL import Image, ImageDraw
 
-from minivla_wmrl.atomic import atomic_file
+from minivla_wmrl.infra.atomic import atomic_file
 
 BANNER = 18  # pixels
 
 
 def overlay(frame: np.ndarray, text: str, success: bool) -> np.ndarray:
     """The frame under a green (success) or red (failure) banner holding `text`."""
-    from PIL import Image, ImageDraw
-
     height, width = frame.shape[:2]
     canvas = Image.new("RGB", (width, height + BANNER), (30, 140, 60) if success else (170, 40, 40))
     canvas.paste(Image.fromarray(frame), (0, BANNER))
@@ -25,8 +25,6 @@ def overlay(frame: np.ndarray, text: str, success: bool) -> np.ndarray:
 def write_episode_video(path: Path, frames: list[np.ndarray], steps: list[int], success: bool, title: str,
                         fps: float) -> Path:
     """Write an mp4 atomically (temp file, then rename); frame k is labelled with its env step."""
-    import imageio.v2 as imageio
-
     if not frames:
         raise ValueError(f"no frames to write to {path}")
     path = Path(path)

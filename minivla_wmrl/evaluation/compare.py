@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from minivla_wmrl.evaluate import read_episodes, setting
-from minivla_wmrl.outputs import write_json_output
-from minivla_wmrl.statistics import paired_difference
+from minivla_wmrl.evaluation.evaluate import read_episodes, setting
+from minivla_wmrl.evaluation.statistics import paired_difference
+from minivla_wmrl.infra.outputs import write_json_output
 
 # the settings that may differ between compared evaluations: what is compared, and what cannot change results
 FREE_SETTINGS = ("checkpoint", "checkpoint_sha256", "tasks", "trials", "first_trial", "torch", "python")

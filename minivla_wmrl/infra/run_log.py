@@ -14,7 +14,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from minivla_wmrl.versions import record_versions
+from minivla_wmrl.infra.versions import record_versions
 
 
 def _read_records(path: Path) -> list[tuple[str, dict]]:
@@ -49,7 +49,7 @@ class MetricsLog:
     """Append records as JSON lines and TensorBoard scalars under `prefix/`; set WANDB_PROJECT to mirror to wandb."""
 
     def __init__(self, out: Path, prefix: str, resume_step: int = 0):
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # ~1.3 s (torch, tensorboard): only a training run logs
 
         self.path, self.prefix = Path(out) / "metrics.jsonl", prefix
         record_versions(Path(out))  # a resumed run records what it continues with
@@ -62,7 +62,7 @@ class MetricsLog:
         self.writer = SummaryWriter(Path(out) / "tensorboard", purge_step=resume_step + 1)
         self.wandb = None
         if os.environ.get("WANDB_PROJECT"):
-            import wandb  # optional: only when asked for
+            import wandb  # optional, not a dependency: only when WANDB_PROJECT asks for it
 
             # a resume continues the same run: the steps it logs again after the checkpoint are the ones
             # the interrupted run logged (resume is exact), which wandb keeps; starting over is a new run

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minivla_wmrl.outputs import replaced_directory
+from minivla_wmrl.infra.outputs import replaced_directory
 from world_models.pretrained import Pretrained
 
 
