@@ -178,7 +178,8 @@ def check_ablation(recipe: AblationRecipe) -> None:
             directory = cell_dir(recipe, arm.name, seed)
             if (directory / "cell.json").exists():
                 saved = read_json(directory / "recipe.json", "the cell's GRPO recipe")
-                changed = recipe_differences(saved, asdict(cell_recipe(recipe, i, seed)), CELL_MAY_DIFFER)
+                changed = recipe_differences(saved, asdict(cell_recipe(recipe, i, seed)), CELL_MAY_DIFFER,
+                                             asdict(GRPORecipe()))
                 if changed:
                     raise ValueError(f"ablation cell {directory} finished with other settings than the recipe's now: "
                                      f"{'; '.join(changed)}; restore them, or delete the cell to run it again")

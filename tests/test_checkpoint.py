@@ -100,6 +100,11 @@ def test_a_resume_with_settings_that_change_results_is_refused_naming_them(tmp_p
     with pytest.raises(ValueError, match=r"Changed: policy.preset: 'tiny' → 'small'; sft.batch_size: 8 → 16"):
         resume_checkpoint(tmp_path, other, MAY_DIFFER)
     assert recipe_differences({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}, ()) == ["a.c: '(absent)' → 2"]
+    # a setting added after the run was saved: unchanged at its default (the old behaviour), changed otherwise
+    defaults = {"a": {"b": 0, "c": 2}}
+    assert recipe_differences({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}, (), defaults) == []
+    assert recipe_differences({"a": {"b": 1}}, {"a": {"b": 1, "c": 3}}, (), defaults) == ["a.c: '(absent)' → 3"]
+    assert recipe_differences({"a": {"b": 1, "c": 3}}, {"a": {"b": 1}}, (), defaults) == ["a.c: 3 → '(absent)'"]
 
 
 def test_a_checkpoint_of_the_pickle_era_is_refused_not_unpickled(tmp_path):

@@ -201,8 +201,11 @@ def damage(directory: Path) -> str | None:
     return None
 
 
-def recipe_differences(saved: dict, current: dict, may_differ: Iterable[str]) -> list[str]:
-    """`key: saved → current` for every dotted setting that differs, except those in `may_differ`."""
+def recipe_differences(saved: dict, current: dict, may_differ: Iterable[str],
+                       defaults: dict | None = None) -> list[str]:
+    """`key: saved → current` for every dotted setting that differs, except those in `may_differ`. A
+    setting added after the run was saved (absent from it) counts as unchanged while its current value
+    is its default (`defaults`: the recipe class's): a new setting's default keeps the old behaviour."""
     def flat(d: dict, prefix: str = "") -> dict:
         items = {}
         for k, v in d.items():
@@ -211,11 +214,14 @@ def recipe_differences(saved: dict, current: dict, may_differ: Iterable[str]) ->
 
     allowed = set(may_differ)
     old, new = flat(json.loads(json.dumps(saved, default=str))), flat(json.loads(json.dumps(current, default=str)))
+    default = flat(json.loads(json.dumps(defaults or {}, default=str)))
+    added_at_default = {k for k in new.keys() - old.keys() if k in default and new[k] == default[k]}
     return [f"{k}: {old.get(k, '(absent)')!r} → {new.get(k, '(absent)')!r}" for k in sorted(old.keys() | new.keys())
-            if k not in allowed and old.get(k) != new.get(k)]
+            if k not in allowed and k not in added_at_default and old.get(k) != new.get(k)]
 
 
-def resume_checkpoint(out: Path, recipe: dict, may_differ: Iterable[str]) -> tuple[Path, dict] | None:
+def resume_checkpoint(out: Path, recipe: dict, may_differ: Iterable[str],
+                      defaults: dict | None = None) -> tuple[Path, dict] | None:
     """The newest readable checkpoint of `out` and its training state, or None when there is none.
     Damaged checkpoints are skipped, saying so; a recipe that differs from the checkpoint's in a
     setting outside `may_differ` is refused (ValueError naming them)."""
@@ -228,7 +234,7 @@ def resume_checkpoint(out: Path, recipe: dict, may_differ: Iterable[str]) -> tup
             print(f"resume: skipping the damaged checkpoint {directory}: {problem}; trying the one before",
                   file=sys.stderr)
             continue
-        changed = recipe_differences(json.loads((directory / "recipe.json").read_text()), recipe, may_differ)
+        changed = recipe_differences(json.loads((directory / "recipe.json").read_text()), recipe, may_differ, defaults)
         if changed:
             raise ValueError(f"{out} holds a run with other settings; resuming it with these would continue a "
                              f"different run. Changed: {'; '.join(changed)}. Use another `out`, restore the settings, "

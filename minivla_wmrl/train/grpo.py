@@ -868,7 +868,7 @@ def train_grpo(recipe: GRPORecipe, envs=None, progress: bool = True) -> dict:
 def _train_grpo(recipe: GRPORecipe, envs, progress: bool) -> dict:
     grpo, out = recipe.grpo, Path(recipe.out)
     random.seed(grpo.seed), np.random.seed(grpo.seed), torch.manual_seed(grpo.seed)
-    resume = resume_checkpoint(out, asdict(recipe), RESUMABLE_CHANGES) if recipe.resume else None
+    resume = resume_checkpoint(out, asdict(recipe), RESUMABLE_CHANGES, asdict(GRPORecipe())) if recipe.resume else None
     trainer = GRPOTrainer(recipe, envs, progress, resume)
     main_process = trainer.dist.is_main
     log = None

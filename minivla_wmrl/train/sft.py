@@ -213,7 +213,7 @@ def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
     statistics = ActionStatistics.from_actions(np.concatenate([episodes[i].actions for i in train_ids]),
                                                num_trajectories=len(train_ids))
     recipe_record = asdict(recipe)
-    resumed = resume_checkpoint(out, recipe_record, RESUMABLE_CHANGES) if recipe.resume else None
+    resumed = resume_checkpoint(out, recipe_record, RESUMABLE_CHANGES, asdict(SFTRecipe())) if recipe.resume else None
     resume_from, state = resumed if resumed is not None else (None, None)
 
     device = torch.device(recipe.policy.device)

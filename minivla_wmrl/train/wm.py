@@ -264,7 +264,7 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
     settings, out = recipe.train, Path(recipe.out)
     random.seed(settings.seed), np.random.seed(settings.seed), torch.manual_seed(settings.seed)
     recipe_record = asdict(recipe)
-    resumed = resume_checkpoint(out, recipe_record, RESUMABLE_CHANGES) if recipe.resume else None
+    resumed = resume_checkpoint(out, recipe_record, RESUMABLE_CHANGES, asdict(WMRecipe())) if recipe.resume else None
     size = recipe.model.image_size
     rollout_files = list(recipe.data.rollouts)
     if recipe.collect.checkpoint:
