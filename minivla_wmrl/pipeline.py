@@ -322,6 +322,8 @@ def main(args) -> None:
         for item in report["inputs"]:
             state = "ok" if item["exists"] else "MISSING"
             print(f"  {state:7s} {item['name']}: {item['path'] or '(not set)'} — {item['where']}")
+        if recipe.ablation:
+            print(f"  its ablation: section is checked by `minivla-wmrl ablate {args.recipe} --dry-run`")
         return
     stages = STAGES if args.stage is None else (args.stage,)
     Pipeline(recipe).run(stages)

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import yaml
 
+from minivla_wmrl.ablation import AblationRecipe, check_ablation
 from minivla_wmrl.cli import main as cli
 from minivla_wmrl.data.demos import DemosCommand
 from minivla_wmrl.data.trajectories import ExportCommand
 from minivla_wmrl.evaluation.evaluate import EvalConfig
 from minivla_wmrl.infra.config import InputPath, _constraints, apply_overrides, config_from_dict
 from minivla_wmrl.infra.outputs import MARK
-from minivla_wmrl.ablation import AblationRecipe, check_ablation
 from minivla_wmrl.pipeline import PipelineRecipe
 from minivla_wmrl.train.grpo import GRPORecipe
 from minivla_wmrl.train.sft import SFTRecipe

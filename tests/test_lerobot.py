@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from minivla_wmrl.data.dataset import DemoDataset, read_episodes
-from minivla_wmrl.data.dataset import iter_hdf5_demos
+from minivla_wmrl.data.dataset import DemoDataset, iter_hdf5_demos, read_episodes
 from minivla_wmrl.data.lerobot import LeRobotDataset, write_lerobot
 from minivla_wmrl.data.trajectories import LabelledTrajectory, demo_trajectories, save_trajectories
 from minivla_wmrl.policy.normalization import ActionStatistics

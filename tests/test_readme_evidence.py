@@ -17,6 +17,7 @@ def test_readme_headline_rows_are_the_committed_ablations():
     report = report_from_json(ROOT / "docs" / "ablation_rl_cpu.json")
     readme = (ROOT / "README.md").read_text()
     assert f"vs SFT ({100 * report['sft']['success_rate']:.1f}%)" in readme
+    assert sorted(arm["arm"] for arm in report["arms"]) == sorted(ROWS)  # no arm missing, no stale row
     for arm in report["arms"]:
         (row,) = [line for line in readme.splitlines() if line.startswith(ROWS[arm["arm"]])]
         assert f"{100 * arm['held_out']['mean']:.1f}%" in row, (arm["arm"], row)

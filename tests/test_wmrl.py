@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from minivla_wmrl.rl.advantages import group_advantages, shuffle_within_groups, weight_anchor_advantages
+from minivla_wmrl.rl.anchors import pick_anchors
 from minivla_wmrl.rl.debiaser import OnlineDebiaser, centred_residual, fit_bucketed_isotonic, pool_adjacent_violators
 from minivla_wmrl.rl.weighter import InverseVarianceWeighter
 
@@ -140,3 +141,17 @@ def test_shuffled_rewards_are_a_derangement_within_each_group():
             assert sorted(shuffled[member]) == sorted(rewards[member])
         labelled = np.isfinite(rewards) & (groups < 2)
         assert np.all(shuffled[labelled] != rewards[labelled])  # no rollout keeps its own reward
+
+
+def test_pick_anchors_draws_what_the_two_rules_it_replaced_drew():
+    """Masks of the code before `pick_anchors` (GRPOTrainer's truncated and full anchor picking, with
+    the same generators): one rule, the same draws, so seeded runs keep their rollouts' anchors."""
+    groups = np.repeat([3, 5, 8], 4)
+    valid = np.ones(12, bool)
+    valid[[1, 6, 7]] = False
+    truncated = pick_anchors(groups, np.ones(12, bool), 0.25, np.random.default_rng(7), min_per_group=1)
+    assert np.flatnonzero(truncated).tolist() == [3, 6, 10]  # one per group, before anything ran
+    topped_up = pick_anchors(groups, valid, 0.25, np.random.default_rng(7), min_total=5)
+    assert np.flatnonzero(topped_up).tolist() == [3, 5, 8, 9, 10] and not (topped_up & ~valid).any()
+    half = pick_anchors(groups, valid, 0.5, np.random.default_rng(11), min_total=2)
+    assert np.flatnonzero(half).tolist() == [0, 3, 4, 9, 10]

@@ -37,6 +37,7 @@ class EnvSetup:
         "Ray cluster address (default: start a local Ray instance)"))
     envs_per_worker: Annotated[int, Range(1), RUNTIME] = field(default=1, metadata=_help(
         "envs per local worker process, sharing one GL context (~120 MB per further env instead of ~1.1 GB)"))
+    # timeouts are RUNTIME: one that never fires changes nothing (one short enough to fire fails episodes)
     step_timeout_s: Annotated[float | None, Range(above=0), RUNTIME] = field(default=None, metadata=_help(
         "seconds a worker may stay silent per env of it before it is restarted (default: local 120, ray 300)"))
     start_timeout_s: Annotated[float | None, Range(above=0), RUNTIME] = field(default=None, metadata=_help(

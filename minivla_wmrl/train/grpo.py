@@ -218,7 +218,8 @@ class GRPORecipe:
 
 
 # settings a resume may change: how long, how often to save, where the rollouts and the policy run
-RESUMABLE_CHANGES = marked_keys(GRPORecipe, RESUMABLE)
+# (not the co-trained world model's step counts: they are the wm command's, unused by GRPO)
+RESUMABLE_CHANGES = tuple(k for k in marked_keys(GRPORecipe, RESUMABLE) if not k.startswith("world_model.train."))
 
 
 def validate(recipe: GRPORecipe) -> None:

@@ -256,6 +256,8 @@ RESUMABLE_CHANGES = marked_keys(WMRecipe, RESUMABLE)
 def train_world_model(recipe: WMRecipe, progress: bool = True) -> dict:
     check_config(recipe, "wm recipe")
     check_input_paths(recipe, "wm recipe")
+    if recipe.collect.checkpoint:
+        recipe.collect.check_pool()
     with run_lock(Path(recipe.out), "wm"):
         return _train_world_model(recipe, progress)
 
