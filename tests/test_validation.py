@@ -148,3 +148,20 @@ def test_the_best_checkpoint_is_kept_and_resume_is_exact(hard_start, tmp_path):
     keys = ("success_rate", "val_success", "val_success_start", "val_best_step", "val_gained", "val_lost",
             "validation_real_steps", "real_steps")
     assert [{k: r[k] for k in keys} for r in resumed] == [{k: r[k] for k in keys} for r in history]
+
+
+def test_with_accept_p_a_run_keeps_its_start_unless_a_check_is_significantly_better(hard_start, tmp_path):
+    """The same run as above with `accept_p`: the result is the start unless some check's gain over
+    it is significant at that level, whatever validation success the checks read."""
+    recipe = guarded(hard_start, tmp_path, steps=4)
+    recipe.validation.accept_p = 0.05
+    result = train_grpo(recipe, progress=False)
+    history, best = result["history"], json.loads((tmp_path / "best.json").read_text())
+    significant = [r["step"] for r in history if r["val_p_better"] <= 0.05]
+    assert all(r["val_p_better"] == 1.0 for r in history if r["val_gained"] <= r["val_lost"])
+    if not significant:
+        assert best["step"] == 0 and result["checkpoint"] == str(hard_start[0])
+    else:  # the best of the significant checks (ties: the earlier)
+        chosen = max(significant, key=lambda s: (history[s - 1]["val_success"], -s))
+        assert best["step"] == chosen and result["checkpoint"].endswith(f"step_{chosen:07d}")
+    assert all(r["val_best_step"] in [0, *significant] for r in history)
