@@ -3,7 +3,9 @@
 # (step 5, unguarded) on the published held-out states (14-49) and on RL's own training draws (the
 # 32 of the pool), greedy and sampled (T=1, 2 samples per state).
 set -e
-cd /work/main
+# Needs the earlier runs it names under runs/ (runs/task28b: the demo recipe on task 28; runs/demo_guard and
+# runs/task28_guard: copies of runs/demo and runs/task28b holding only demos/ vq/ sft/ wm/).
+cd "$(dirname "$0")/.."
 source .venv/bin/activate
 export MUJOCO_GL=egl
 for ckpt in sft:runs/task28b/sft/final grpo5:runs/task28b/grpo/checkpoints/step_0000005; do
