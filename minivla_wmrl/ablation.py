@@ -52,7 +52,7 @@ from minivla_wmrl.infra.config import (
 from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
 from minivla_wmrl.infra.run_checkpoint import read_json, recipe_differences
 from minivla_wmrl.infra.versions import run_versions
-from minivla_wmrl.pipeline import Pipeline, PipelineRecipe, dry_run
+from minivla_wmrl.pipeline import Pipeline, PipelineRecipe, dry_run, gate_replay
 from minivla_wmrl.train.grpo import GRPORecipe, train_grpo, validate
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
@@ -93,6 +93,7 @@ def cell_recipe(recipe, arm_index: int, seed: int):
     grpo = config_from_dict(GRPORecipe, data, f"ablation arm {arm.name!r}")
     grpo.grpo.seed = seed if ablation.paired_seeds else seed + SEED_STRIDE * arm_index
     grpo.out = str(cell_dir(recipe, arm.name, seed))
+    gate_replay(grpo, recipe.wm)
     return grpo
 
 

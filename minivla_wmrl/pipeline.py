@@ -99,6 +99,13 @@ class PipelineRecipe:
     ablation: dict = field(default_factory=dict)
 
 
+def gate_replay(grpo: GRPORecipe, wm: WMRecipe) -> None:
+    """Gated execution's first outcome predictor learns from the wm stage's collected rollouts of the
+    SFT policy, when that stage collects and the GRPO recipe names no replay of its own."""
+    if grpo.grpo.execution == "gated" and not grpo.gate.replay and wm.collect.episodes_per_task > 0:
+        grpo.gate.replay = [str(Path(wm.out) / "replay")]
+
+
 class Pipeline:
     def __init__(self, recipe: PipelineRecipe):
         self.r, self.out = recipe, Path(recipe.out)
@@ -140,6 +147,7 @@ class Pipeline:
         wire("grpo.policy.checkpoint", str(out / "sft" / "final"))
         if r.grpo.world_model.name == "progress" and not r.grpo.world_model.options:
             r.grpo.world_model.options = {"path": str(out / "wm" / "world_model")}
+        gate_replay(r.grpo, r.wm)
 
     def _wire(self, key: str, value) -> None:
         """Set a stage input the pipeline owns (a dotted recipe key); a different value the user set

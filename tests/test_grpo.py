@@ -384,7 +384,8 @@ def test_truncated_settings_are_checked(envs, checkpoints, tmp_path):
     for extra, message in (({"reward_mode": "sparse"}, "needs reward_mode dense_calib"),
                            ({"anchor_fraction": 1.0}, "anchor_fraction < 1"),
                            ({"wm_horizon": EPISODE_STEPS}, "wm_horizon must lie in \\[1, max_real_steps 16\\)"),
-                           ({"execution": "partial"}, "execution: 'partial' is not one of \\['full', 'truncated'\\]")):
+                           ({"execution": "partial"},
+                            "execution: 'partial' is not one of \\['full', 'truncated', 'gated'\\]")):
         bad = truncated(checkpoints, tmp_path / "bad")
         for key, value in extra.items():
             setattr(bad.grpo, key, value)

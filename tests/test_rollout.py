@@ -159,3 +159,23 @@ def test_a_horizon_cuts_the_episode_and_the_prefix_of_the_whole_one_matches_it(s
     np.testing.assert_array_equal(cut.token_ids, whole.token_ids[:2])
     np.testing.assert_array_equal(trajectory_frames(whole, 12), trajectory_frames(cut))
     np.testing.assert_array_equal(trajectory_frames(whole, MAX_STEPS), trajectory_frames(whole))
+
+
+def test_a_gated_episode_ends_when_the_gate_says_and_the_gate_reads_its_prefix(short_envs, policy):
+    """After each chunk the gate gets the running gated episodes' prefixes (no frames); the one it cuts
+    at 16 steps equals the whole episode's prefix; an episode that is not gated runs to the cap."""
+    task_id = short_envs.infos[0].task_id
+    engine = RolloutEngine(policy, short_envs, RolloutConfig(execute_steps=8, temperature=1.0, seed=3))
+    seen = []
+
+    def cut(prefixes):
+        seen.extend((p.length, p.num_queries, len(p.frames)) for p in prefixes)
+        return [p.length >= 16 for p in prefixes]
+
+    whole, gated = engine.run([EpisodeSpec(task_id, 1, seed=7), EpisodeSpec(task_id, 1, seed=7, gated=True)],
+                              progress=False, cut=cut)
+    assert seen == [(8, 1, 0), (16, 2, 0)]  # only the gated episode, after each of its chunks
+    assert (whole.length, whole.truncated) == (MAX_STEPS, False)
+    assert (gated.length, gated.truncated, gated.success) == (16, True, False)
+    np.testing.assert_array_equal(gated.token_ids, whole.token_ids[:2])
+    np.testing.assert_array_equal(gated.actions, whole.actions[:2])

@@ -4,8 +4,9 @@ Every query batches all live envs into one `policy.generate` call; each env then
 `execute_steps` actions of its chunk open loop (1: re-query every step, MiniVLA's protocol;
 8: the whole chunk, OpenVLA-OFT's). Envs render only at query points, and only the cameras the
 policy reads. When an env's episode ends it starts the next pending episode of its task, so the
-pool stays full. An episode whose spec sets a `horizon` is cut once it has run that many steps
-(`Trajectory.truncated`): GRPO's truncated execution lets the world model score the rest. Each
+pool stays full. An episode whose spec sets a `horizon` is cut once it has run that many steps,
+and a `gated` one whenever the caller's `cut` says so after a chunk (`Trajectory.truncated`):
+GRPO's truncated and gated executions let a predictor stand in for the rest. Each
 episode samples from its own RNG (seeded by the run seed and the episode seed), so a trajectory
 does not depend on which env ran it or what else was in the batch; that is what lets
 `overlap_groups` split the envs so one group simulates while the policy generates for another.
@@ -60,6 +61,7 @@ class EpisodeSpec:
     seed: int = 0
     tag: Any = None  # the caller's key, e.g. (task, trial); returned unchanged
     horizon: int | None = None  # cut the episode once it has run this many env steps (None: to the env's cap)
+    gated: bool = False  # after each chunk, `RolloutEngine.run`'s `cut` may end it
 
 
 @dataclass
@@ -78,7 +80,7 @@ class Trajectory:
     log_probs: np.ndarray  # (Q, n) float32, under the sampling distribution
     query_steps: np.ndarray  # (Q,) int64
     executed: np.ndarray  # (Q,) actions executed from each query's chunk
-    truncated: bool = False  # cut at `spec.horizon` before the episode ended
+    truncated: bool = False  # cut (at `spec.horizon`, or by the gate) before the episode ended
     # what an outcome probe reads at no simulator cost (world_models.outcome_probe), per query: the actions
     # sent (Q, execute_steps, action_dim) and, for diagnostics only, the simulator's privileged state
     # flattened (Q, S; object poses included, never a policy input)
@@ -122,6 +124,10 @@ class _Running:
             query_steps=np.asarray(self.query_steps, np.int64), executed=np.asarray(self.executed, np.int64),
             truncated=truncated, actions=np.asarray(self.actions, np.float32),
             privileged=np.asarray(self.privileged, np.float32))
+
+    def prefix(self) -> Trajectory:
+        """What has run so far, without frames: what a gate reads."""
+        return self.finish(None, None, (), record_frames=False)
 
 
 def _policy_images(observations: Sequence[Observation], cameras: tuple[str, ...]) -> np.ndarray:
@@ -179,8 +185,10 @@ class RolloutEngine:
         self.num_tokens = policy.config.num_action_tokens
 
     def run(self, specs: Sequence[EpisodeSpec], on_episode: Callable[[Trajectory], None] | None = None,
-            progress: bool = True, desc: str = "rollouts") -> list[Trajectory]:
-        """Run every spec once; trajectories come back in the order of `specs`."""
+            progress: bool = True, desc: str = "rollouts",
+            cut: Callable[[list[Trajectory]], list[bool]] | None = None) -> list[Trajectory]:
+        """Run every spec once; trajectories come back in the order of `specs`. `cut` gets the
+        prefixes of the `gated` episodes still running after a chunk and says which to end now."""
         infos = self.envs.infos
         tasks = {info.task_id for info in infos}
         unknown = sorted({s.task_id for s in specs} - tasks)
@@ -252,6 +260,7 @@ class RolloutEngine:
             return actions
 
         def apply(results: list[StepResult | None]) -> None:
+            gated = {}
             for i, result in enumerate(results):
                 if result is None:
                     continue
@@ -264,6 +273,12 @@ class RolloutEngine:
                     finish(i, result, None, truncated=True)
                 else:
                     episode.observation = result.observation
+                    if episode.spec.gated and cut is not None:
+                        gated[i] = result
+            if gated:
+                for (i, result), stop in zip(gated.items(), cut([running[i].prefix() for i in gated])):
+                    if stop:
+                        finish(i, result, None, truncated=True)
 
         groups = [list(range(self.envs.num_envs))[g::c.overlap_groups] for g in range(c.overlap_groups)]
         if len(groups) == 1:  # plain: all envs step, then the policy thinks for all of them

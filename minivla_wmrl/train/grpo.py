@@ -21,6 +21,11 @@ With `validation.every` > 0 the policy is checked on validation init states befo
 step and every `every` steps (`minivla_wmrl.train.validation`): the best checkpoint is kept
 (`best.json`, the run's result) and training stops when it made the policy significantly worse.
 
+Gated execution (`execution: gated`, sparse rewards): anchors run to their end; every other rollout
+is cut once an outcome predictor, refit each step on the replay store, has predicted failure for a
+few chunks in a row, under a threshold the anchors calibrate (`minivla_wmrl.train.gate`); a cut
+rollout's reward is that prediction, everything that ran to its end keeps its real outcome.
+
 Denoising acts only when some rollouts are not anchors (`anchor_fraction < 1`): with every
 rollout an anchor the anchor weight multiplies every advantage alike, a learning-rate multiplier
 that Adam cancels. The log says which (`denoise_active`).
@@ -45,7 +50,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from minivla_wmrl.data.replay import write_replay
+from minivla_wmrl.data.replay import read_replay, write_replay
 from minivla_wmrl.data.trajectories import LabelledTrajectory, rollout_trajectories
 from minivla_wmrl.evaluation.statistics import auroc
 from minivla_wmrl.infra.atomic import atomic_file
@@ -90,6 +95,7 @@ from minivla_wmrl.rl.env_setup import EnvSetup
 from minivla_wmrl.rl.init_states import VALIDATION_SEED_BASE, select_rl_init_states, vector_training_init_states
 from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from minivla_wmrl.rl.weighter import InverseVarianceWeighter
+from minivla_wmrl.train.gate import Gate, GateConfig, OutcomePredictor, cut_statistic, decision_steps
 from minivla_wmrl.train.validation import SALT_VALIDATION, ValidationConfig, ValidationTracker, validation_seed
 from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
 from world_models.registry import make_scorer
@@ -102,7 +108,7 @@ SALT_FULL_ANCHORS = 1_000_003  # which rollouts are anchors under full execution
 SALT_QUERY_SAMPLES = 2_000_003  # which queries of each rollout enter the loss
 SALT_MINIBATCHES = 3_000_003  # the minibatch order of the update
 SALT_SHUFFLED_REWARDS = 4_000_003  # the control arm's derangement of rewards within groups
-SALT_TRUNCATED_ANCHORS = 5_000_003  # which rollouts are anchors under truncated execution (per task, attempt)
+SALT_TRUNCATED_ANCHORS = 5_000_003  # which rollouts are anchors under truncated or gated execution (per task, attempt)
 
 RewardMode = Literal["sparse", "dense_raw", "dense_calib", "sparse_scarce"]
 REWARD_MODES = typing.get_args(RewardMode)
@@ -121,8 +127,9 @@ class GRPOConfig:
     # same trajectories either way, faster when policy and simulation use different hardware (README, Benchmarks)
     overlap_groups: Annotated[int, Range(1)] = 1
     max_real_steps: Annotated[int, Range(1)] = 520  # real-simulator step cap after the 10 wait steps
-    # "full": every rollout runs to success or the cap; "truncated": only anchors do
-    execution: Literal["full", "truncated"] = "full"
+    # "full": every rollout runs to success or the cap; "truncated": only anchors do, the rest stop at
+    # wm_horizon; "gated": only anchors surely do, the rest stop when the gate predicts failure (`gate:`)
+    execution: Literal["full", "truncated", "gated"] = "full"
     # truncated: real steps a non-anchor runs; the world model scores the rest
     wm_horizon: Annotated[int, Range(1)] = 200
     reward_mode: RewardMode = "dense_calib"
@@ -215,6 +222,7 @@ class GRPORecipe:
     debias: DebiasConfig = field(default_factory=DebiasConfig)
     denoise: DenoiseConfig = field(default_factory=DenoiseConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    gate: GateConfig = field(default_factory=GateConfig)  # gated execution's cut rule (minivla_wmrl.train.gate)
 
 
 # settings a resume may change: how long, how often to save, where the rollouts and the policy run
@@ -241,15 +249,16 @@ def validate(recipe: GRPORecipe) -> None:
                          "or lower init_states_per_step)")
     if len(grpo.success_band) != 2 or not 0 <= grpo.success_band[0] <= grpo.success_band[1] <= 1:
         raise ValueError(f"grpo.success_band must be [lo, hi] with 0 <= lo <= hi <= 1, got {grpo.success_band}")
-    if grpo.execution == "truncated":
-        if grpo.reward_mode != "dense_calib" or grpo.anchor_fraction >= 1 or grpo.dynamic_sampling:
-            raise ValueError("grpo.execution 'truncated' needs reward_mode dense_calib (the world model scores the cut "
-                             "rollouts), anchor_fraction < 1 (anchors are never cut) and no dynamic_sampling (a cut "
-                             f"rollout's outcome is unknown); got {grpo.reward_mode}, {grpo.anchor_fraction}, "
-                             f"{grpo.dynamic_sampling}")
-        if not 1 <= grpo.wm_horizon < grpo.max_real_steps:
-            raise ValueError(f"grpo.wm_horizon must lie in [1, max_real_steps {grpo.max_real_steps}), "
-                             f"got {grpo.wm_horizon}")
+    if grpo.execution != "full":
+        # what scores a cut rollout: the calibrated world model (truncated) or the gate's predictor (gated)
+        needed = {"truncated": "dense_calib", "gated": "sparse"}[grpo.execution]
+        if grpo.reward_mode != needed or grpo.anchor_fraction >= 1 or grpo.dynamic_sampling:
+            raise ValueError(f"grpo.execution {grpo.execution!r} needs reward_mode {needed}, anchor_fraction < 1 "
+                             "(anchors are never cut) and no dynamic_sampling (a cut rollout's outcome is unknown); "
+                             f"got {grpo.reward_mode}, {grpo.anchor_fraction}, {grpo.dynamic_sampling}")
+    if grpo.execution == "truncated" and not 1 <= grpo.wm_horizon < grpo.max_real_steps:
+        raise ValueError(f"grpo.wm_horizon must lie in [1, max_real_steps {grpo.max_real_steps}), "
+                         f"got {grpo.wm_horizon}")
     if not recipe.policy.checkpoint:
         raise ValueError("policy.checkpoint is empty; GRPO starts from an SFT checkpoint (minivla-wmrl sft)")
 
@@ -263,15 +272,18 @@ class RolloutSummary:
     length: int  # env steps executed
     num_queries: int
     instruction: str
-    truncated: bool  # cut at the horizon
+    truncated: bool  # cut (at the horizon, or by the gate)
     early: bool  # ended (success or a terminal failure) within `horizon` steps, as a rollout cut there would
+    predicted: float = float("nan")  # gated execution, a cut rollout: the gate's prediction at the cut
+    statistic: float = float("nan")  # gated execution, an anchor: its cut statistic (`train.gate`)
 
     @classmethod
-    def of(cls, t: Trajectory, horizon: int) -> "RolloutSummary":
+    def of(cls, t: Trajectory, horizon: int, predicted: float = float("nan"),
+           statistic: float = float("nan")) -> "RolloutSummary":
         issued = t.query_steps[:len(t.executed)]  # a worker lost mid-step leaves a query without its steps
         within = int(t.executed[issued < horizon].sum())  # the steps a rollout cut at `horizon` runs
         return cls(t.success, t.failure is None, t.length, t.num_queries, t.instruction, t.truncated,
-                   not t.truncated and t.length <= within)
+                   not t.truncated and t.length <= within, predicted, statistic)
 
 
 class PlannedRollout(NamedTuple):
@@ -320,9 +332,19 @@ class StepBatch:
     resampled_groups: int = 0
     skipped_groups: int = 0
     early: np.ndarray | None = None  # truncated execution: ended within the horizon, its real outcome known (bool)
+    predicted: np.ndarray | None = None  # gated execution: the gate's prediction for cut rollouts (NaN: not cut)
+    statistics: np.ndarray | None = None  # gated execution: the anchors' cut statistics (NaN: not an anchor)
 
     def local(self) -> list[int]:
         return [k for k, t in enumerate(self.trajectories) if t is not None]
+
+    def cut(self) -> np.ndarray:
+        """Rollouts stopped before their end, whose outcome is unknown (a prediction stands in)."""
+        if self.predicted is not None:
+            return np.isfinite(self.predicted)
+        if self.early is not None:
+            return self.valid & ~self.anchors & ~self.early
+        return np.zeros_like(self.valid)
 
 
 def _labelled_mean(rewards: np.ndarray) -> float:
@@ -347,6 +369,7 @@ class GRPOTrainer:
         self.step, self.counters = 0, {"real_steps": 0, "sim_steps": 0, "real_episodes": 0, "real_labels_used": 0,
                                        "real_steps_full": 0, "real_steps_horizon": 0, "truncated_episodes": 0,
                                        "validation_episodes": 0, "validation_real_steps": 0}
+        self._build_gate()
         self._build_envs(envs)
         self._build_validation()
         if resume is not None:
@@ -424,6 +447,17 @@ class GRPOTrainer:
                 self.policy, self.envs, RolloutConfig(grpo.execute_steps, v.temperature, SALT_VALIDATION,
                                                       record_frames=False, overlap_groups=grpo.overlap_groups))
 
+    def _build_gate(self) -> None:
+        """Gated execution: the gate and the outcome predictor it reads (refit every step)."""
+        grpo = self.recipe.grpo
+        self.gate = Gate(self.recipe.gate) if grpo.execution == "gated" else None
+        missing = [p for p in self.recipe.gate.replay if not Path(p).exists()] if self.gate else []
+        if missing:
+            raise FileNotFoundError(f"gate.replay: {missing} do not exist; expected replay files or directories "
+                                    "(OUT/replay of a wm or grpo run)")
+        self.predictor = OutcomePredictor(self.recipe.gate.predictor, grpo.max_real_steps, grpo.seed)
+        self.predictor_status = "not fit"
+
     def _make_envs(self):
         e, cameras = self.recipe.env, ("agentview", "wrist")[:self.policy.config.num_images]
         return e.pool([e.factory(task, cameras, self.recipe.grpo.max_real_steps)
@@ -447,8 +481,9 @@ class GRPOTrainer:
 
     def _specs(self, task_index: int, attempt: int, group_slots: list[int]) -> list[PlannedRollout]:
         """(spec, group, anchor) for the given group slots of one task (init states and seeds fixed by
-        step/attempt). Truncated execution picks each group's anchors here, before anything runs,
-        and cuts every other rollout at `wm_horizon`; full execution picks anchors afterwards."""
+        step/attempt). Truncated and gated execution pick each group's anchors here, before anything
+        runs, and cut every other rollout at `wm_horizon` or when the gate says; full execution picks
+        anchors afterwards."""
         grpo, task_id = self.recipe.grpo, self.task_ids[task_index]
         rng = np.random.default_rng([grpo.seed, self.step, attempt, task_index])
         pool = self.init_pools[task_id]
@@ -463,13 +498,41 @@ class GRPOTrainer:
                 seed = int(np.random.SeedSequence([grpo.seed, self.step, attempt, task_index, slot, r])
                            .generate_state(1)[0])
                 specs.append(PlannedRollout(EpisodeSpec(task_id, pool[states[slot]], seed=seed), group, anchor=False))
-        if grpo.execution == "truncated":
+        if grpo.execution != "full":
             anchor_rng = np.random.default_rng([grpo.seed, self.step, attempt, task_index, SALT_TRUNCATED_ANCHORS])
             groups = np.array([planned.group for planned in specs])
             anchors = pick_anchors(groups, np.ones(len(specs), bool), grpo.anchor_fraction, anchor_rng, min_per_group=1)
-            specs = [PlannedRollout(replace(p.spec, horizon=None if anchor else grpo.wm_horizon), p.group, bool(anchor))
+            cut = ({"horizon": grpo.wm_horizon} if grpo.execution == "truncated" else {"gated": True})
+            specs = [PlannedRollout(p.spec if anchor else replace(p.spec, **cut), p.group, bool(anchor))
                      for p, anchor in zip(specs, anchors)]
         return specs
+
+    def fit_predictor(self) -> None:
+        """Gated execution: fit the outcome predictor on the replay store's episodes of the steps so far
+        (and `gate.replay`), so that a resumed run fits on exactly what the uninterrupted one did."""
+        files = [f for f in sorted((self.out / "replay").glob("step_*.hdf5"))
+                 if int(f.stem.split("_")[1]) <= self.step]
+        sources = files + [Path(p) for p in self.recipe.gate.replay]
+        episodes = read_replay(sources) if sources else []
+        self.predictor_status = self.predictor.fit(episodes) or "fit"
+
+    def _cut(self, prefixes: list[Trajectory]) -> list[bool]:
+        """The gate's decision for running gated rollouts (none while the predictor is not fit)."""
+        if self.predictor.model is None or not self.gate.active:
+            return [False] * len(prefixes)
+        return [self.gate.cuts(p, decision_steps(t)) for p, t in zip(self.predictor(prefixes), prefixes)]
+
+    def _gate_summary(self, t: Trajectory, horizon: int, anchor: bool) -> RolloutSummary:
+        """A rollout's summary with, under gated execution, a cut rollout's prediction at the cut and
+        an anchor's cut statistic (by the predictor before it learns from this step)."""
+        if self.gate is None or self.predictor.model is None or t.failure is not None or not (t.truncated or anchor):
+            return RolloutSummary.of(t, horizon)
+        probabilities = self.predictor([t])[0]
+        if t.truncated:
+            return RolloutSummary.of(t, horizon, predicted=float(probabilities[-1]))
+        c = self.recipe.gate
+        return RolloutSummary.of(t, horizon, statistic=cut_statistic(probabilities, decision_steps(t), c.min_steps,
+                                                                     c.patience))
 
     def rollouts(self) -> StepBatch:
         """This step's rollouts; under torchrun process r runs every world_size-th one and the
@@ -479,15 +542,19 @@ class GRPOTrainer:
         wanted = {t: list(range(t * groups_per_task, (t + 1) * groups_per_task)) for t in range(len(self.task_ids))}
         kept: dict[int, list[GroupMember]] = {}
         resampled = 0
+        if self.gate is not None:
+            self.fit_predictor()
         for attempt in range(grpo.max_resample + 1 if grpo.dynamic_sampling else 1):
             todo = [item for t, slots in wanted.items() for item in self._specs(t, attempt, slots)]
             if not todo:
                 break
             mine = list(range(rank, len(todo), world))
             local = dict(zip(mine, self.engine.run([todo[k].spec for k in mine], progress=self.progress,
-                                                   desc=f"step {self.step + 1} rollouts")))
+                                                   desc=f"step {self.step + 1} rollouts",
+                                                   cut=self._cut if self.gate is not None else None)))
             summaries = {}
-            for part in self.dist.gather({k: RolloutSummary.of(t, grpo.wm_horizon) for k, t in local.items()}):
+            for part in self.dist.gather({k: self._gate_summary(t, grpo.wm_horizon, todo[k].anchor)
+                                          for k, t in local.items()}):
                 summaries.update(part)
             self._count(todo, summaries)
             by_group: dict[int, list[GroupMember]] = {}
@@ -504,27 +571,31 @@ class GRPOTrainer:
         groups = np.array([group for group in sorted(kept) for _ in kept[group]], dtype=np.int64)
         summaries = [m.summary for m in members]
         valid = np.array([m.valid for m in summaries], bool)
-        truncated = grpo.execution == "truncated"
-        anchors = np.array([m.anchor for m in members], bool) & valid if truncated else self._anchors(groups, valid)
+        planned = grpo.execution != "full"
+        anchors = np.array([m.anchor for m in members], bool) & valid if planned else self._anchors(groups, valid)
+        gated = grpo.execution == "gated"
         return StepBatch(trajectories=[m.trajectory for m in members], groups=groups,
                          outcomes=np.array([float(m.success) for m in summaries]), anchors=anchors, valid=valid,
                          num_queries=np.array([m.num_queries for m in summaries], np.int64),
                          instructions=[m.instruction for m in summaries],
                          resampled_groups=resampled if grpo.dynamic_sampling else 0, skipped_groups=skipped,
-                         early=np.array([m.early for m in summaries], bool) & valid if truncated else None)
+                         early=(np.array([m.early for m in summaries], bool) & valid
+                                if grpo.execution == "truncated" else None),
+                         predicted=np.array([m.predicted for m in summaries]) if gated else None,
+                         statistics=np.array([m.statistic for m in summaries]) if gated else None)
 
     def _count(self, todo: list[PlannedRollout], summaries: dict) -> None:
         """Real-simulator episodes and steps as the envs executed them, split into rollouts free to
-        run to success or the cap (all under full execution, the anchors under truncated) and
-        rollouts cut at `wm_horizon`; `truncated_episodes`: those actually cut. `sim_steps` adds the
+        run to success or the cap (all under full execution, the anchors otherwise) and rollouts that
+        may be cut (at `wm_horizon`, or by the gate); `truncated_episodes`: those actually cut. `sim_steps` adds the
         steps every reset runs (LIBERO's wait steps): all the simulator did."""
         reset_steps = {info.task_id: info.reset_steps for info in self.envs.infos}
         for k, planned in enumerate(todo):
             self.counters["real_episodes"] += 1
             self.counters["real_steps"] += summaries[k].length
             self.counters["sim_steps"] += summaries[k].length + reset_steps[planned.spec.task_id]
-            self.counters["real_steps_full" if planned.spec.horizon is None
-                          else "real_steps_horizon"] += summaries[k].length
+            free = planned.spec.horizon is None and not planned.spec.gated
+            self.counters["real_steps_full" if free else "real_steps_horizon"] += summaries[k].length
             self.counters["truncated_episodes"] += int(summaries[k].truncated)
 
     def _anchors(self, groups: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -581,6 +652,10 @@ class GRPOTrainer:
         Under truncated execution the pairs are the anchors that ran past the horizon, scored on
         their prefix: exactly what a cut rollout's calibrated score estimates, P(success | prefix)."""
         log = {"calibrated": 0.0, "bias_reduction": float("nan")}
+        if self.gate is not None:  # gated execution: the anchors recalibrate the gate's threshold and quality
+            labelled = batch.anchors & ~np.isnan(batch.statistics)  # inf: ended before the gate could judge
+            self.gate.observe(batch.statistics[labelled], batch.outcomes[labelled])
+            log.update(self.gate.log(), predictor_fit=float(self.predictor.model is not None))
         if self.recipe.grpo.reward_mode != "dense_calib":
             return None, log
         a, y = batch.anchors, batch.outcomes
@@ -600,8 +675,8 @@ class GRPOTrainer:
     def rewards(self, batch: StepBatch, scores: np.ndarray, calibrated: np.ndarray | None) -> np.ndarray:
         """Each rollout's reward by `reward_mode` (NaN: unlabelled, or an infrastructure failure)."""
         grpo, a, y = self.recipe.grpo, batch.anchors, batch.outcomes
-        if grpo.reward_mode == "sparse":
-            rewards = y.copy()
+        if grpo.reward_mode == "sparse":  # gated execution: a cut rollout's reward is the gate's prediction
+            rewards = y.copy() if batch.predicted is None else np.where(batch.cut(), batch.predicted, y)
         elif grpo.reward_mode == "sparse_scarce":
             rewards = np.where(a, y, np.nan)
         elif grpo.reward_mode == "dense_raw":
@@ -770,11 +845,11 @@ class GRPOTrainer:
 
     def _step_record(self, batch: StepBatch, scores: np.ndarray, rewards: np.ndarray, before: dict,
                      log: dict) -> dict:
-        """What the step logs. Under truncated execution a cut rollout's outcome is unknown (its reward
-        is a prediction): success is measured on the rollouts that ran to their end, and the cut ones'
-        predicted success is logged apart."""
+        """What the step logs. Under truncated or gated execution a cut rollout's outcome is unknown (its
+        reward is a prediction): success is measured on the rollouts that ran to their end, and the cut
+        ones' predicted success is logged apart."""
         valid, a = batch.valid, batch.anchors
-        cut = valid & ~a & ~batch.early if batch.early is not None else np.zeros_like(valid)
+        cut = batch.cut()
         known = valid & ~cut
         return {
             "step": self.step, "success_rate": float(batch.outcomes[known].mean()) if known.any() else float("nan"),
@@ -821,6 +896,7 @@ class GRPOTrainer:
         """Everything but the weights (the optimiser's full state: a collective when sharded)."""
         return {"step": self.step, "counters": dict(self.counters),
                 "validation": self.validation.state_dict() if self.validation is not None else None,
+                "gate": self.gate.state_dict() if self.gate is not None else None,
                 "optimizer": optimizer_state(self.policy, self.optimizer),
                 "debiaser": self.debiaser.state_dict(), "weighter": self.weighter.state_dict(),
                 "wm_trainer": self.wm_trainer.state_dict() if self.wm_trainer else None,
@@ -852,6 +928,8 @@ class GRPOTrainer:
             self.wm_trainer.load_state_dict(state["wm_trainer"])
         if self.validation is not None and state.get("validation") is not None:
             self.validation.load_state_dict(state["validation"])
+        if self.gate is not None:
+            self.gate.load_state_dict(state["gate"])
         restore_global_rng(state)
 
     def close(self) -> None:

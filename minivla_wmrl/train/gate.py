@@ -1,0 +1,143 @@
+"""The gate of WMRL's gated execution: cut a rollout once its predicted success has stayed low.
+
+Each GRPO step, an `OutcomePredictor` is fit on the replay store's real-labelled episodes (earlier
+steps, and optionally the world-model stage's collection) and gives, after every executed chunk of
+a running rollout, P(final success | the prefix so far). A non-anchor rollout is cut when its
+prediction has stayed below the gate's `threshold` for `patience` consecutive chunks, all of them
+after `min_steps` env steps. Anchors always run to their end.
+
+The threshold is calibrated online on the anchors, which the predictor had not been fit on when it
+scored them: for each anchor, `cut_statistic` is the lowest threshold at which the rule would
+have cut it; the threshold is set so that at most `wrong_cut_rate` of the recent successful anchors
+would have been cut. Cutting stops (the gate is inactive, and the log says why) until the recent
+anchors hold `min_per_outcome` successes and failures, and whenever the statistic's AUROC among
+the recent anchors still running at `min_steps` falls below `auroc_floor` (successes that all end
+before `min_steps` leave nothing to rank: then the threshold alone guards them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+import numpy as np
+
+from minivla_wmrl.evaluation.prefix_auroc import probe_episode, time_only
+from minivla_wmrl.evaluation.statistics import auroc
+from minivla_wmrl.infra.config import Range
+from minivla_wmrl.rl.rollout import Trajectory
+from world_models.outcome_probe import fit_outcome_probe
+
+Predictor = Literal["policy", "privileged", "time"]
+
+
+@dataclass
+class GateConfig:
+    # what predicts the outcome: the outcome probe on the policy's own signals, the same probe on the
+    # simulator's privileged state (free in simulation, unavailable on a real robot), or time alone
+    # (P(success | still running), the baseline the others must beat)
+    predictor: Predictor = "policy"
+    min_steps: Annotated[int, Range(1)] = 32  # no cut before this many env steps
+    patience: Annotated[int, Range(1)] = 2  # chunks in a row the prediction must stay below the threshold
+    wrong_cut_rate: Annotated[float, Range(0, 1)] = 0.05  # target share of successes the rule cuts
+    auroc_floor: Annotated[float, Range(0, 1)] = 0.7  # below it (recent anchors, still running at min_steps): no cuts
+    window: Annotated[int, Range(2)] = 64  # recent anchors that set the threshold and judge the predictor
+    min_per_outcome: Annotated[int, Range(1)] = 4  # successes and failures among them before any cut
+    # more real-labelled episodes to fit the predictor on, e.g. the wm stage's collection (runs/x/wm/replay)
+    replay: list[str] = field(default_factory=list)
+
+
+def decision_steps(trajectory: Trajectory) -> np.ndarray:
+    """The env step after each query's chunk: where the gate decides (the next query's step, or the end)."""
+    return np.append(trajectory.query_steps[1:], trajectory.length).astype(np.int64)
+
+
+class OutcomePredictor:
+    """P(final success | prefix) after each executed chunk, fit on real-labelled trajectories."""
+
+    def __init__(self, kind: Predictor, time_scale: float, seed: int = 0):
+        self.kind, self.time_scale, self.seed = kind, time_scale, seed
+        self.model = None
+
+    def fit(self, episodes: list[Trajectory]) -> str | None:
+        """Fit on `episodes`; returns why it cannot (None when fit)."""
+        successes = sum(t.success for t in episodes)
+        if successes < 2 or len(episodes) - successes < 2:
+            self.model = None
+            return f"{len(episodes)} real-labelled episodes ({successes} successes): too few to fit the predictor"
+        probe_episodes = [probe_episode(t, "privileged" if self.kind == "privileged" else "policy") for t in episodes]
+        self.model = (time_only(probe_episodes) if self.kind == "time"
+                      else fit_outcome_probe(probe_episodes, time_scale=self.time_scale, seed=self.seed))
+        return None
+
+    def __call__(self, trajectories: list[Trajectory]) -> list[np.ndarray]:
+        """Per trajectory, the prediction after each of its queries' chunks."""
+        if self.model is None:
+            raise RuntimeError("the outcome predictor is not fit")
+        if self.kind == "time":
+            return [np.array([self.model(int(s)) for s in decision_steps(t)]) for t in trajectories]
+        signals = "privileged" if self.kind == "privileged" else "policy"
+        return self.model.predict([probe_episode(t, signals) for t in trajectories])
+
+
+def cut_statistic(probabilities: np.ndarray, steps: np.ndarray, min_steps: int, patience: int) -> float:
+    """The lowest threshold at which the rule cuts this prefix: the minimum, over runs of `patience`
+    consecutive decisions at or after `min_steps`, of the run's highest prediction (inf: never
+    eligible). The rule cuts once this falls below the threshold."""
+    eligible = np.asarray(probabilities)[np.asarray(steps) >= min_steps]
+    if len(eligible) < patience:
+        return float("inf")
+    windows = np.lib.stride_tricks.sliding_window_view(eligible, patience)
+    return float(windows.max(axis=1).min())
+
+
+class Gate:
+    """The threshold, its calibration on recent anchors, and the quality check."""
+
+    def __init__(self, config: GateConfig):
+        self.config = config
+        self.statistics: list[float] = []  # recent anchors' cut statistics
+        self.outcomes: list[bool] = []
+        self.threshold, self.quality, self.active, self.reason = 0.0, float("nan"), False, "no anchors yet"
+
+    def observe(self, statistics: np.ndarray, outcomes: np.ndarray) -> None:
+        """Add this step's anchors (scored by a predictor not fit on them) and recalibrate."""
+        self.statistics = (self.statistics + [float(s) for s in statistics])[-self.config.window:]
+        self.outcomes = (self.outcomes + [bool(y) for y in outcomes])[-self.config.window:]
+        self._calibrate()
+
+    def _calibrate(self) -> None:
+        c = self.config
+        stats, y = np.array(self.statistics), np.array(self.outcomes, bool)
+        if y.sum() < c.min_per_outcome or (~y).sum() < c.min_per_outcome:
+            self.active, self.reason = False, (f"{int(y.sum())} successes and {int((~y).sum())} failures among the "
+                                               f"recent anchors; cutting needs {c.min_per_outcome} of each")
+            return
+        success_stats = np.sort(stats[y])
+        self.threshold = float(min(success_stats[int(np.floor(c.wrong_cut_rate * len(success_stats)))], 1.0))
+        judged = np.isfinite(stats)  # still running at min_steps: what the predictor must rank
+        self.quality = auroc(stats[judged], y[judged]) if y[judged].sum() >= c.min_per_outcome else float("nan")
+        if self.quality < c.auroc_floor:  # NaN (too few judged successes) compares False: the threshold guards
+            self.active, self.reason = False, (f"predictor AUROC {self.quality:.2f} on the recent anchors is below the "
+                                               f"floor {c.auroc_floor}")
+        else:
+            self.active, self.reason = True, ""
+
+    def cuts(self, probabilities: np.ndarray, steps: np.ndarray) -> bool:
+        """Whether a running prefix is cut now: its last `patience` decisions, all at or after
+        `min_steps`, predicted below the threshold."""
+        c = self.config
+        recent = np.asarray(probabilities)[-c.patience:]
+        return (self.active and len(recent) == c.patience and int(np.asarray(steps)[-c.patience]) >= c.min_steps
+                and bool((recent < self.threshold).all()))
+
+    def log(self) -> dict:
+        return {"gate_active": float(self.active), "gate_threshold": self.threshold, "gate_auroc": self.quality,
+                "gate_anchors": len(self.outcomes)}
+
+    def state_dict(self) -> dict:
+        return {"statistics": list(self.statistics), "outcomes": list(self.outcomes)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.statistics, self.outcomes = list(state["statistics"]), list(state["outcomes"])
+        self._calibrate()

@@ -1,0 +1,129 @@
+"""Gated execution: the gate's rule and calibration (pure logic), and GRPO with the gate on PointReach."""
+
+import numpy as np
+import pytest
+
+from minivla_wmrl.train.gate import Gate, GateConfig, cut_statistic
+from minivla_wmrl.train.grpo import GRPOTrainer, train_grpo, validate
+from tests.test_learning import EPISODE_STEPS, learning_recipe, start  # noqa: F401  (start: the fixture)
+
+
+def test_the_cut_statistic_is_the_lowest_threshold_at_which_the_rule_cuts():
+    probabilities = np.array([0.05, 0.5, 0.2, 0.3, 0.1, 0.4])
+    steps = np.array([8, 16, 24, 32, 40, 48])
+    # eligible from step 24: [0.2, 0.3, 0.1, 0.4]; runs of 2 → maxima 0.3, 0.3, 0.4
+    assert cut_statistic(probabilities, steps, min_steps=24, patience=2) == 0.3
+    assert cut_statistic(probabilities, steps, min_steps=8, patience=1) == 0.05
+    assert cut_statistic(probabilities, steps, min_steps=48, patience=2) == float("inf")  # never eligible
+    gate = Gate(GateConfig(min_steps=24, patience=2))
+    gate.active, gate.threshold = True, 0.3 + 1e-9
+    assert not gate.cuts(probabilities[:3], steps[:3])  # the run (0.5, 0.2) starts before min_steps
+    assert gate.cuts(probabilities[:4], steps[:4])  # (0.2, 0.3) < threshold: cut here, as the statistic says
+    gate.threshold = 0.3
+    assert not gate.cuts(probabilities[:4], steps[:4])
+
+
+def test_the_threshold_cuts_at_most_the_target_share_of_recent_successes():
+    rng = np.random.default_rng(0)
+    outcomes = rng.random(400) < 0.4
+    statistics = np.where(outcomes, rng.uniform(0.2, 1.0, 400), rng.uniform(0.0, 0.5, 400))
+    gate = Gate(GateConfig(wrong_cut_rate=0.1, window=400, auroc_floor=0.7))
+    gate.observe(statistics, outcomes)
+    assert gate.active and gate.quality > 0.85
+    cut = statistics < gate.threshold
+    assert (cut & outcomes).sum() <= 0.1 * outcomes.sum() < (cut & outcomes).sum() + 1
+    assert (cut & ~outcomes).mean() / (~outcomes).mean() > 0.3  # and it cuts failures
+
+    gate = Gate(GateConfig(wrong_cut_rate=0.1, window=400, auroc_floor=0.7))
+    gate.observe(rng.uniform(0, 1, 400), outcomes)  # a predictor at chance
+    assert not gate.active and "below the floor" in gate.reason
+
+
+def test_the_gate_stops_cutting_when_its_predictor_degrades_and_restores_from_its_state():
+    rng = np.random.default_rng(1)
+    config = GateConfig(window=40, min_per_outcome=4, auroc_floor=0.7)
+    gate = Gate(config)
+    gate.observe(rng.uniform(0, 1, 6), np.zeros(6, bool))
+    assert not gate.active and "0 successes" in gate.reason
+    outcomes = np.arange(40) % 2 == 0
+    gate.observe(np.where(outcomes, 0.8, 0.1) + rng.uniform(0, 0.05, 40), outcomes)
+    assert gate.active and gate.quality == 1.0
+    copy = Gate(config)
+    copy.load_state_dict(gate.state_dict())
+    assert (copy.active, copy.threshold, copy.quality) == (gate.active, gate.threshold, gate.quality)
+    gate.observe(np.where(outcomes, 0.1, 0.8), outcomes)  # the last 40 anchors: now ranked backwards
+    assert not gate.active and gate.quality == 0.0
+
+
+def gated(start, out, **grpo):  # noqa: F811
+    recipe = learning_recipe(start, out, **{"steps": 4, "execution": "gated", "anchor_fraction": 0.25, **grpo})
+    recipe.gate.min_steps, recipe.gate.patience, recipe.gate.min_per_outcome = 8, 1, 2
+    return recipe
+
+
+def test_gated_grpo_cuts_predicted_failures_and_keeps_real_outcomes(start, tmp_path):  # noqa: F811
+    """Step 1 runs everything (no predictor yet); once fit on the replay store and calibrated on
+    anchors it scored unseen, the gate cuts non-anchors after their first chunk; a cut rollout's
+    reward is the gate's prediction, below the threshold; anchors always run to their end."""
+    trainer = GRPOTrainer(gated(start, tmp_path), progress=False)
+    records, batches = [], []
+    original = trainer.rewards
+
+    def rewards(batch, scores, calibrated):
+        batches.append((batch, r := original(batch, scores, calibrated), trainer.gate.threshold))
+        return r
+
+    trainer.rewards = rewards
+    try:
+        for _ in range(4):
+            records.append(trainer.train_step())
+    finally:
+        trainer.close()
+    assert records[0]["cut_rollouts"] == 0 and records[0]["predictor_fit"] == 0.0
+    assert sum(r["cut_rollouts"] for r in records) > 0
+    for (batch, reward, threshold), record in zip(batches, records):
+        cut = batch.cut()
+        lengths = np.array([t.length for t in batch.trajectories])
+        assert not (cut & batch.anchors).any()
+        assert all(not t.truncated and (t.length == EPISODE_STEPS or t.success)
+                   for t, anchor in zip(batch.trajectories, batch.anchors) if anchor)
+        assert (lengths[cut] == 8).all() and (reward[cut] < threshold + 1e-12).all()
+        np.testing.assert_array_equal(reward[~cut], batch.outcomes[~cut])
+        assert record["step_real_steps"] == lengths.sum()
+        assert record["step_real_steps_full"] == lengths[batch.anchors].sum()
+
+
+def test_gated_grpo_resumes_exactly(start, tmp_path):  # noqa: F811
+    whole = train_grpo(gated(start, tmp_path / "whole"), progress=False)["history"]
+    train_grpo(gated(start, tmp_path / "cut", steps=2, save_every=1), progress=False)
+    resumed = train_grpo(gated(start, tmp_path / "cut", save_every=1), progress=False)["history"]
+    keys = ("success_rate", "cut_rollouts", "gate_threshold", "gate_active", "real_steps", "loss")
+    assert [[r.get(k) for k in keys] for r in resumed] == [[r.get(k) for k in keys] for r in whole]
+    assert sum(r["cut_rollouts"] for r in whole) > 0
+
+
+def test_gated_settings_are_checked(start, tmp_path):  # noqa: F811
+    with pytest.raises(ValueError, match="'gated' needs reward_mode sparse"):
+        validate(gated(start, tmp_path, reward_mode="dense_calib"))
+    with pytest.raises(ValueError, match="anchor_fraction < 1"):
+        validate(gated(start, tmp_path, anchor_fraction=1.0))
+    recipe = gated(start, tmp_path)
+    recipe.gate.replay = [str(tmp_path / "missing")]
+    with pytest.raises(FileNotFoundError, match="gate.replay"):  # before anything is written
+        GRPOTrainer(recipe, progress=False)
+    assert not tmp_path.joinpath("checkpoints").exists()
+
+
+def test_a_gated_ablation_arm_fits_its_first_predictor_on_the_wm_stage_collection():
+    from pathlib import Path
+
+    from minivla_wmrl.ablation import AblationRecipe, cell_recipe
+    from minivla_wmrl.infra.config import load_recipe
+    from minivla_wmrl.pipeline import Pipeline
+
+    arms = ('ablation.arms=[{name: sparse}, {name: gated, overrides: [grpo.execution=gated, grpo.reward_mode=sparse, '
+            'grpo.anchor_fraction=0.25]}]')
+    recipe = load_recipe(AblationRecipe, Path("recipes/rl_cpu.yaml"), [arms, "out=runs/x"])
+    Pipeline(recipe)
+    assert cell_recipe(recipe, 1, 0).gate.replay == ["runs/x/wm/replay"]
+    assert cell_recipe(recipe, 0, 0).gate.replay == []  # full execution: no gate, the setting stays unset
