@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--repeats", type=int, default=3)
     policy.add_argument("--naive-queries", type=int, default=8, help="queries timed for the naive loop")
     policy.add_argument("--device", default="cpu")
+    policy.add_argument("--dtype", default="float32", help="the policy's weights: float32 or bfloat16")
+    policy.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s in that dtype (fraction of peak)")
     policy.add_argument("--json", help="write the result as JSON here")
     policy.set_defaults(run=_main_of("minivla_wmrl.bench.policy"))
     rollout = bench.add_parser("rollout", help="env steps/s: rollout engine vs a naive loop, on LIBERO")

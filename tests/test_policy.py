@@ -250,6 +250,24 @@ def test_bench_policy_measures_both_loops(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["ratio"] == pytest.approx(result["batched_queries_per_s"] / result["naive_queries_per_s"])
+    assert result["achieved_tflops"] == pytest.approx(result["tflop_per_query"] * result["batched_queries_per_s"])
+    assert result["peak_tflops"] is None and result["fraction_of_peak"] is None  # a CPU: no known peak
+
+
+def test_generation_flops_are_counted_per_query_whatever_the_batch():
+    """The count covers the whole call (vision, prefill, the cached decode steps): per query it does not
+    depend on the batch, and it exceeds one multiply-add per vision weight per patch."""
+    from minivla_wmrl.bench.policy import generation_flops
+
+    torch.manual_seed(0)
+    policy = MiniVLA(preset("tiny"), tiny_qwen_style_tokenizer(), ActionTokenizer()).eval()
+    images = np.random.default_rng(0).integers(0, 256, (6, 224, 224, 3), dtype=np.uint8)
+    instructions = [INSTRUCTIONS[i % 3] for i in range(6)]
+    per_query = [generation_flops(policy, images[:n], instructions[:n]) / n for n in (3, 6)]
+    assert per_query[0] == per_query[1]
+    patches = policy.embed_images(images[:1]).shape[1]  # every vision weight matrix multiplies every patch
+    vision = sum(p.numel() for name, p in policy.named_parameters() if name.startswith("vision") and p.dim() > 1)
+    assert per_query[0] > 2 * vision * patches
 
 
 def test_two_images_give_512_visual_tokens():
