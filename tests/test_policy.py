@@ -340,3 +340,35 @@ def test_vision_features_are_prismatics_second_to_last_block_without_running_the
             (vision.siglip_featurizer, (pixels - 0.5) / 0.5))]
     assert torch.equal(features, torch.cat(prismatic, dim=-1))
     assert not calls  # the last block's output is never used, so it is not computed
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full fine-tune", "LoRA, frozen vision"])
+def test_activation_checkpointing_recomputes_blocks_and_leaves_gradients_unchanged(lora):
+    """SFT's full fine-tune and GRPO's LoRA setting: with checkpointing, a ViT block and an LM layer run
+    again in the backward pass (that is what saves their activations), and every gradient is the same."""
+    images = np.random.default_rng(0).integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
+    targets = torch.randint(0, 50, (3, 9))
+    grads, calls = [], []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        policy = MiniVLA(preset("tiny"), tiny_qwen_style_tokenizer(), ActionTokenizer())
+        policy.configure_training(lora=lora, freeze_vision=lora)
+        policy.set_activation_checkpointing(checkpointing)
+        policy.train()
+        counted = {"vit": 0, "llm": 0}
+        count = lambda key: lambda *_: counted.__setitem__(key, counted[key] + 1)  # noqa: E731
+        policy.vision.dino_featurizer.blocks[0].register_forward_pre_hook(count("vit"))
+        # pre-hooks: a recompute stops once it has what backward needs, before a module returns; and
+        # transformers checkpoints a layer's forward, not its call, so a sub-module's call shows it
+        llm = policy.llm.get_base_model() if lora else policy.llm
+        llm.model.layers[0].mlp.register_forward_pre_hook(count("llm"))
+        tokens = policy.vocab_len - 1 - targets
+        logits = policy.target_logits(images, INSTRUCTIONS, tokens)
+        torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1)).backward()
+        grads.append({n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None})
+        calls.append(counted)
+    assert calls[0] == {"vit": 1, "llm": 1}
+    assert calls[1] == {"vit": 1 if lora else 2, "llm": 2}  # frozen vision needs no backward, so no recompute
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)

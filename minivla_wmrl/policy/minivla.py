@@ -158,6 +158,18 @@ class MiniVLA(nn.Module, AtomicPretrained):
             for name, parameter in self.llm.named_parameters():
                 parameter.requires_grad_("lora_" in name)
 
+    def set_activation_checkpointing(self, enabled: bool) -> None:
+        """Recompute each ViT block's and each language-model layer's activations in the backward pass
+        instead of keeping them (training only: generation runs in eval mode and is unaffected). The
+        same gradients for a fraction of the activation memory, at about one more forward's compute."""
+        for vit in (self.vision.dino_featurizer, self.vision.siglip_featurizer):
+            vit.set_grad_checkpointing(enabled)
+        llm = self.llm.get_base_model() if hasattr(self.llm, "get_base_model") else self.llm
+        if enabled:  # non-reentrant: gradients reach LoRA adapters even when the inputs need none
+            llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            llm.gradient_checkpointing_disable()
+
     def add_lora(self, r: int = 16, alpha: int = 32, dropout: float = 0.0, targets=LORA_TARGETS) -> None:
         """Wrap the language model with peft LoRA adapters; only the adapters of the LLM train."""
         from peft import LoraConfig, get_peft_model  # ~3 s (with transformers): only LoRA fine-tuning needs it

@@ -175,6 +175,8 @@ class GRPOPolicy:
     dtype: PolicyDtype = "float32"
     # under torchrun: shard the policy's parameters, gradients and optimiser state (FSDP2)
     fsdp: Annotated[bool, RESUMABLE] = False
+    # recompute activations in the update's backward pass (ViT blocks, LM layers): less memory, same gradients
+    activation_checkpointing: Annotated[bool, RUNTIME] = False
 
 
 @dataclass(kw_only=True)
@@ -386,6 +388,7 @@ class GRPOTrainer:
         grpo, p = self.recipe.grpo, self.recipe.policy
         self.policy = MiniVLA.from_pretrained(p.checkpoint, device=p.device, dtype=DTYPES[p.dtype])
         self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision, fresh_adapters=True)
+        self.policy.set_activation_checkpointing(p.activation_checkpointing)
         if resume is not None:
             load_weights(self.policy, resume[0] / "model.safetensors")
         self.sharded = p.fsdp and self.dist.enabled
@@ -747,6 +750,9 @@ class GRPOTrainer:
         grpo = self.recipe.grpo
         rng = np.random.default_rng([grpo.seed, self.step, SALT_MINIBATCHES])
         n_tokens = self.policy.config.num_action_tokens
+        # activation checkpointing acts in training mode only; the policy has no dropout, so the
+        # log-probs are the rollouts' either way
+        self.policy.train(self.recipe.policy.activation_checkpointing)
         sums: dict[str, float] = {}
         grad_norms = []
         idle = self._blank_sample() if self.sharded else None

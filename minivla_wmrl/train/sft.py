@@ -92,6 +92,8 @@ class PolicySetup:
     dtype: PolicyDtype = "float32"  # "bfloat16": autocast on CUDA
     # under torchrun: shard parameters, gradients and optimiser state (FSDP2), not a copy per process (DDP)
     fsdp: Annotated[bool, RESUMABLE] = False
+    # recompute activations in the backward pass (ViT blocks, LM layers): less memory, same gradients
+    activation_checkpointing: Annotated[bool, RUNTIME] = False
 
 
 @dataclass
@@ -240,6 +242,7 @@ def _train_sft(recipe: SFTRecipe, dist, progress: bool) -> dict:
         policy = MiniVLA(config, _tokenizer(recipe.policy.tokenizer), action_tokenizer, statistics).to(device)
     setup = recipe.policy
     policy.configure_training(setup.lora, setup.lora_r, setup.lora_alpha, setup.freeze_vision)
+    policy.set_activation_checkpointing(setup.activation_checkpointing)
     policy.train()
     sharded = setup.fsdp and dist.enabled
     if sharded:
