@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("replay", nargs="+", help="replay files or directories (OUT/replay of wm or grpo)")
     probe.add_argument("--steps", nargs="+", type=int, default=[16, 32, 48, 64], help="cut points (env steps)")
     probe.add_argument("--test-fraction", type=float, default=0.3, help="episodes held out for the AUROC")
+    probe.add_argument("--test", nargs="+", help="held-out replay files or directories instead of a random share "
+                       "(e.g. another seed's run: episodes the probes never saw, from other weights)")
     probe.add_argument("--time-scale", type=float, default=520.0, help="the episode step cap (time enters as t/cap)")
     probe.add_argument("--seed", type=int, default=0)
     probe.add_argument("--json", help="also write the report as JSON here")

@@ -1,6 +1,8 @@
 """The outcome probe and the prefix report on planted signals (pure logic: the rollout fields it
 reads are recorded by the engine, tested on LIBERO in test_rollout.py)."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -104,6 +106,10 @@ def test_the_replay_store_keeps_real_labelled_episodes_and_feeds_the_report(tmp_
     assert cli(["probe-report", str(tmp_path / "replay"), "--steps", "32", "--time-scale", str(CAP),
                 "--json", str(tmp_path / "report.json")]) == 0
     assert "| 32 |" in capsys.readouterr().out and (tmp_path / "report.json").exists()
+    assert cli(["probe-report", str(tmp_path / "replay" / "a.hdf5"), "--test", str(tmp_path / "replay" / "b.hdf5"),
+                "--steps", "32", "--time-scale", str(CAP), "--json", str(tmp_path / "split.json")]) == 0
+    split = json.loads((tmp_path / "split.json").read_text())
+    assert (split["train"], split["test"]) == (30, 30)  # the named files, not a random share
     assert cli(["probe-report", str(tmp_path / "replay" / "a.hdf5"), "--test-fraction", "0.97"]) == 1
     assert "the report needs >= 4 to train and test episodes of both outcomes" in capsys.readouterr().err
     assert cli(["probe-report", str(tmp_path / "replay"), "--test-fraction", "0"]) == 1

@@ -102,13 +102,16 @@ def prefix_table(report: dict) -> str:
 
 def main(args) -> None:
     """`minivla-wmrl probe-report REPLAY...`: split the replay store's episodes into probe training and
-    held-out test episodes (by episode, seeded), fit both probes, print the table."""
+    held-out test episodes (by episode, seeded; or the `--test` files), fit both probes, print the table."""
     if not 0 < args.test_fraction < 1:
         raise ValueError(f"--test-fraction {args.test_fraction}: expected a share of the episodes in (0, 1)")
     episodes = read_replay(args.replay)
-    order = np.random.default_rng(args.seed).permutation(len(episodes))
-    cut = int(round(args.test_fraction * len(episodes)))
-    test, train = [episodes[k] for k in order[:cut]], [episodes[k] for k in order[cut:]]
+    if args.test:
+        train, test = episodes, read_replay(args.test)
+    else:
+        order = np.random.default_rng(args.seed).permutation(len(episodes))
+        cut = int(round(args.test_fraction * len(episodes)))
+        test, train = [episodes[k] for k in order[:cut]], [episodes[k] for k in order[cut:]]
     if len(train) < 4 or not test or len({t.success for t in test}) < 2:
         raise ValueError(f"{len(episodes)} replay episodes ({sum(t.success for t in episodes)} successes) leave "
                          f"{len(train)} to train and {len(test)} to test; the report needs >= 4 to train and test "
