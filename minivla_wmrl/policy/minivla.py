@@ -166,9 +166,9 @@ class MiniVLA(nn.Module, AtomicPretrained):
             vit.set_grad_checkpointing(enabled)
         llm = self.llm.get_base_model() if hasattr(self.llm, "get_base_model") else self.llm
         if enabled:  # non-reentrant: gradients reach LoRA adapters even when the inputs need none
-            llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            llm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
-            llm.gradient_checkpointing_disable()
+            llm.activation_checkpointing_disable()
 
     def add_lora(self, r: int = 16, alpha: int = 32, dropout: float = 0.0, targets=LORA_TARGETS) -> None:
         """Wrap the language model with peft LoRA adapters; only the adapters of the LLM train."""
