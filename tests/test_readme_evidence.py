@@ -1,5 +1,5 @@
-"""The README's headline evidence is the committed ablation's: its rows are recomputed from
-`docs/ablation_rl_cpu.json`'s per-episode evidence (as `ablate --from-json` does) and must match."""
+"""The README's headline evidence is the committed ablations': its rows are recomputed from
+`docs/ablation_rl_cpu*.json`'s per-episode evidence (as `ablate --from-json` does) and must match."""
 
 from pathlib import Path
 
@@ -27,3 +27,18 @@ def test_readme_headline_rows_are_the_committed_ablations():
         if vs["ci95"] is not None:
             low, high = vs["ci95"]
             assert f"[{_points(low)}, {_points(high)}]" in row, (arm["arm"], row)
+
+
+def test_readme_transfer_rows_are_the_committed_ablations():
+    """The sparse arm on each task, from that task's committed ablation."""
+    section = (ROOT / "README.md").read_text().split("**Does it transfer?")[1].split("\n\n**")[0]
+    for task, evidence in (("0", "ablation_rl_cpu.json"), ("28", "ablation_rl_cpu_t28.json")):
+        report = report_from_json(ROOT / "docs" / evidence)
+        (sparse,) = [arm for arm in report["arms"] if arm["arm"] == "sparse"]
+        (row,) = [line for line in section.splitlines() if line.startswith(f"| {task} (")]
+        low, high = sparse["vs_sft"]["ci95"]
+        for expected in (f"| {100 * report['sft']['success_rate']:.1f}% |",
+                         f"| {100 * sparse['held_out']['mean']:.1f}% |",
+                         f"{_points(sparse['vs_sft']['difference'])} [{_points(low)}, {_points(high)}]",
+                         ", ".join(f"{100 * s:.0f}" for s in sparse["held_out_per_seed"])):
+            assert expected in row, (task, expected, row)
