@@ -241,3 +241,15 @@ def test_drawn_init_states_are_evaluated_apart_from_the_published_ones(checkpoin
                   - first_frame(validation, "validation").astype(int)).mean() > 1.0  # another scene layout
     assert cli(["compare", str(tmp_path / "published"), str(tmp_path / "validation")]) == 1
     assert "init_states: 'published' vs 'validation'" in capsys.readouterr().err
+
+
+def test_the_recorded_renderer_does_not_depend_on_whether_an_env_was_built_first():
+    """A resumed ablation that skips its finished stages evaluates before building any env: its settings
+    must still equal those recorded after the stages had built envs (and set up the renderer)."""
+    environment = {k: v for k, v in os.environ.items() if k != "PYOPENGL_PLATFORM"} | {"MUJOCO_GL": "egl"}
+    code = ("import json, os; from minivla_wmrl.evaluation.evaluate import renderer; first = renderer(); "
+            "from envs.gl import prepare_gl; prepare_gl(); print(json.dumps([first, renderer()]))")
+    done = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    first, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert first == after == {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl"}

@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 from envs.factory import GYM
+from envs.gl import prepare_gl
 from envs.libero_env import (
     CONTROL_HZ,
     IMAGE_CONVENTIONS,
@@ -141,6 +142,13 @@ def setting(recorded: dict, key: str):
     return recorded.get(key, SETTING_DEFAULTS.get(key))
 
 
+def renderer() -> dict:
+    """The headless renderer the envs use, as they will set it up (`envs.gl.prepare_gl`): recorded the
+    same whether or not an env was built in this process before."""
+    prepare_gl()
+    return {"MUJOCO_GL": os.environ["MUJOCO_GL"], "PYOPENGL_PLATFORM": os.environ["PYOPENGL_PLATFORM"]}
+
+
 def settings(config: EvalConfig, checkpoint: Path, tasks: list[int], progress: bool = False) -> dict:
     """Everything that changes the numbers; a resumed evaluation must match it exactly. `checkpoint`:
     the local directory `config.checkpoint` names (a Hub repo id's downloaded snapshot)."""
@@ -158,8 +166,7 @@ def settings(config: EvalConfig, checkpoint: Path, tasks: list[int], progress: b
         "protocol_max_steps": max_steps == protocol_cap, "num_wait_steps": 10 if protocol_cap else 0,
         "image_convention": convention.name, "resolution": convention.resolution,
         "image_transform": convention.transform,
-        "renderer": {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"),
-                     "PYOPENGL_PLATFORM": os.environ.get("PYOPENGL_PLATFORM")},
+        "renderer": renderer(),
         "gym": config.gym, "device": config.device, "dtype": config.dtype, "torch": torch.__version__,
         "python": platform.python_version(),
     }
