@@ -167,6 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench_wm.add_argument("--envs", type=int, default=2)
     bench_wm.add_argument("--json", help="write the result as JSON here")
     bench_wm.set_defaults(run=_main_of("minivla_wmrl.bench.wm"))
+    memory = bench.add_parser("train-memory", help="peak memory of a training step, with and without activation "
+                              "checkpointing")
+    memory.add_argument("--preset", default="tiny")
+    memory.add_argument("--batch", type=int, default=8)
+    memory.add_argument("--setting", default="sft", help="sft (full fine-tune) or grpo (LoRA, frozen vision)")
+    memory.add_argument("--device", default="cpu")
+    memory.add_argument("--dtype", default="float32", help="the policy's weights: float32 or bfloat16")
+    memory.add_argument("--lora-r", type=int, default=32, help="LoRA rank of the grpo setting")
+    memory.add_argument("--json", help="write the result as JSON here")
+    memory.set_defaults(run=_main_of("minivla_wmrl.bench.train_memory"))
     return parser
 
 

@@ -242,13 +242,18 @@ def test_model_info_reports_the_published_sizes():
     assert counts["fused_vision_dim"] == 2176 and counts["visual_tokens"] == 256
 
 
-def test_bench_policy_measures_both_loops(tmp_path):
-    out = tmp_path / "policy.json"
-    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "policy", "--preset", "tiny",
-                           "--batch", "8", "--repeats", "1", "--naive-queries", "2", "--json", str(out)],
+def run_bench(tmp_path, *args: str) -> tuple[dict, str]:
+    """`minivla-wmrl bench ARGS --json FILE` in a subprocess: the JSON it wrote and what it printed."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", *args, "--json", str(out)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_bench_policy_measures_both_loops(tmp_path):
+    result, _ = run_bench(tmp_path, "policy", "--preset", "tiny", "--batch", "8", "--repeats", "1",
+                          "--naive-queries", "2")
     assert result["ratio"] == pytest.approx(result["batched_queries_per_s"] / result["naive_queries_per_s"])
     assert result["achieved_tflops"] == pytest.approx(result["tflop_per_query"] * result["batched_queries_per_s"])
     assert result["peak_tflops"] is None and result["fraction_of_peak"] is None  # a CPU: no known peak
@@ -372,3 +377,12 @@ def test_activation_checkpointing_recomputes_blocks_and_leaves_gradients_unchang
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_bench_train_memory_measures_both_steps_on_the_same_work(tmp_path):
+    result, printed = run_bench(tmp_path, "train-memory", "--preset", "tiny", "--batch", "2", "--setting", "grpo",
+                                "--lora-r", "4")
+    assert result["setting"] == "grpo" and result["measure"] == "peak resident set (ru_maxrss)"
+    assert result["peak_mb"] > 100 and result["peak_mb_checkpointing"] > 100  # an interpreter with torch, at least
+    assert result["ratio"] == pytest.approx(result["peak_mb"] / result["peak_mb_checkpointing"])
+    assert "the same loss" in printed
