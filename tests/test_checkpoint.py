@@ -222,18 +222,18 @@ def test_damaged_model_files_are_named(tmp_path, kind, damage, message):
 
 def test_what_a_resume_or_an_ablation_cell_may_change_is_derived_from_the_declarations():
     """The lists come from the RESUMABLE / RUNTIME marks on the settings; these are what they must hold
-    (the hand-kept lists they replaced, plus the env timeouts)."""
+    (the hand-kept lists they replaced, plus the env timeouts and activation checkpointing)."""
     from minivla_wmrl.ablation import CELL_MAY_DIFFER
     from minivla_wmrl.train import grpo, sft, wm
 
-    runtime = {"out", "resume", "policy.device", "env.backend", "env.ray_address", "env.envs_per_worker",
-               "env.step_timeout_s", "env.start_timeout_s"}
+    runtime = {"out", "resume", "policy.device", "policy.activation_checkpointing", "env.backend", "env.ray_address",
+               "env.envs_per_worker", "env.step_timeout_s", "env.start_timeout_s"}
     assert set(CELL_MAY_DIFFER) == runtime
     assert set(grpo.RESUMABLE_CHANGES) == runtime | {"policy.fsdp", "grpo.steps", "grpo.save_every",
                                                      "grpo.real_step_budget"}
     assert set(sft.RESUMABLE_CHANGES) == {"out", "resume", "sft.steps", "sft.log_every", "sft.eval_every",
                                           "sft.save_every", "sft.val_batches", "sft.num_workers", "policy.device",
-                                          "policy.fsdp"}
+                                          "policy.fsdp", "policy.activation_checkpointing"}
     collect = {f"collect.{k}" for k in ("backend", "ray_address", "envs_per_worker", "step_timeout_s",
                                         "start_timeout_s", "envs")}
     assert set(wm.RESUMABLE_CHANGES) == {"out", "resume", "train.steps", "train.eval_every", "train.save_every",
