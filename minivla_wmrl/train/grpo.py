@@ -459,7 +459,8 @@ class GRPOTrainer:
             raise FileNotFoundError(f"gate.replay: {missing} do not exist; expected replay files or directories "
                                     "(OUT/replay of a wm or grpo run)")
         self.predictor = OutcomePredictor(self.recipe.gate.predictor, grpo.max_real_steps, grpo.seed)
-        self.predictor_status = "not fit"
+        self.predictor_unfit = "no predictor fit yet"  # why the predictor could not be fit (None: fit)
+        self.gate_said = ""  # the gate's state as last printed
 
     def _make_envs(self):
         e, cameras = self.recipe.env, ("agentview", "wrist")[:self.policy.config.num_images]
@@ -517,7 +518,7 @@ class GRPOTrainer:
                  if int(f.stem.split("_")[1]) <= self.step]
         sources = files + [Path(p) for p in self.recipe.gate.replay]
         episodes = read_replay(sources) if sources else []
-        self.predictor_status = self.predictor.fit(episodes) or "fit"
+        self.predictor_unfit = self.predictor.fit(episodes)
 
     def _cut(self, prefixes: list[Trajectory]) -> list[bool]:
         """The gate's decision for running gated rollouts (none while the predictor is not fit)."""
@@ -659,6 +660,11 @@ class GRPOTrainer:
             labelled = batch.anchors & ~np.isnan(batch.statistics)  # inf: ended before the gate could judge
             self.gate.observe(batch.statistics[labelled], batch.outcomes[labelled])
             log.update(self.gate.log(), predictor_fit=float(self.predictor.model is not None))
+            said = ("cutting" if self.gate.active and self.predictor_unfit is None
+                    else f"not cutting ({self.predictor_unfit or self.gate.reason})")
+            if said != self.gate_said and self.dist.is_main:  # when it changes: the metrics hold the rest
+                print(f"grpo: after step {self.step + 1} the gate is {said}", file=sys.stderr)
+            self.gate_said = said
         if self.recipe.grpo.reward_mode != "dense_calib":
             return None, log
         a, y = batch.anchors, batch.outcomes
