@@ -14,7 +14,7 @@ export MUJOCO_GL=egl
 R=runs/rl_cpu_t28
 REPLAY="[$R/wm/replay, $R/ablation/sparse/seed0/replay, $R/ablation/sparse/seed1/replay, $R/ablation/sparse/seed2/replay, $R/ablation/sparse/seed3/replay]"
 GATE="grpo.execution=gated, grpo.anchor_fraction=0.25, gate.min_steps=32, gate.patience=2, 'gate.replay=$REPLAY'"
-GATED="{name: gated, seeds: [0], overrides: [$GATE, gate.predictor=policy]}"
-TIME="{name: gated_time, seeds: [0], overrides: [$GATE, gate.predictor=time]}"
+GATED="{name: gated, seeds: [0, 1], overrides: [$GATE, gate.predictor=policy]}"
+TIME="{name: gated_time, seeds: [0, 1], overrides: [$GATE, gate.predictor=time]}"
 minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' 'ablation.seeds=[0,1,2,3,4]' \
   "ablation.arms=[{name: sparse, overrides: []}, $GATED, $TIME]" --parallel ${PARALLEL:-2}
