@@ -82,8 +82,8 @@ class Trajectory:
     executed: np.ndarray  # (Q,) actions executed from each query's chunk
     truncated: bool = False  # cut (at `spec.horizon`, or by the gate) before the episode ended
     # what an outcome probe reads at no simulator cost (world_models.outcome_probe), per query: the actions
-    # sent (Q, execute_steps, action_dim) and, for diagnostics only, the simulator's privileged state
-    # flattened (Q, S; object poses included, never a policy input)
+    # sent (Q, execute_steps, action_dim) and the simulator's privileged state flattened (Q, S; object poses
+    # included: for diagnostics and the gate's `privileged` predictor, never a policy input)
     actions: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
     privileged: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
 
