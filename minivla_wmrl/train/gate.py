@@ -57,6 +57,7 @@ class OutcomePredictor:
 
     def __init__(self, kind: Predictor, time_scale: float, seed: int = 0):
         self.kind, self.time_scale, self.seed = kind, time_scale, seed
+        self.signals = "privileged" if kind == "privileged" else "policy"  # what the probe reads (time: lengths)
         self.model = None
 
     def fit(self, episodes: list[Trajectory]) -> str | None:
@@ -65,7 +66,7 @@ class OutcomePredictor:
         if successes < 2 or len(episodes) - successes < 2:
             self.model = None
             return f"{len(episodes)} real-labelled episodes ({successes} successes): too few to fit the predictor"
-        probe_episodes = [probe_episode(t, "privileged" if self.kind == "privileged" else "policy") for t in episodes]
+        probe_episodes = [probe_episode(t, self.signals) for t in episodes]
         self.model = (time_only(probe_episodes) if self.kind == "time"
                       else fit_outcome_probe(probe_episodes, time_scale=self.time_scale, seed=self.seed))
         return None
@@ -76,8 +77,7 @@ class OutcomePredictor:
             raise RuntimeError("the outcome predictor is not fit")
         if self.kind == "time":
             return [np.array([self.model(int(s)) for s in decision_steps(t)]) for t in trajectories]
-        signals = "privileged" if self.kind == "privileged" else "policy"
-        return self.model.predict([probe_episode(t, signals) for t in trajectories])
+        return self.model.predict([probe_episode(t, self.signals) for t in trajectories])
 
 
 def cut_statistic(probabilities: np.ndarray, steps: np.ndarray, min_steps: int, patience: int) -> float:

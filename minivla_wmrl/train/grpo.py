@@ -521,9 +521,7 @@ class GRPOTrainer:
         self.predictor_unfit = self.predictor.fit(episodes)
 
     def _cut(self, prefixes: list[Trajectory]) -> list[bool]:
-        """The gate's decision for running gated rollouts (none while the predictor is not fit)."""
-        if self.predictor.model is None or not self.gate.active:
-            return [False] * len(prefixes)
+        """The gate's decision for running gated rollouts."""
         return [self.gate.cuts(p, decision_steps(t)) for p, t in zip(self.predictor(prefixes), prefixes)]
 
     def _gate_summary(self, t: Trajectory, horizon: int, anchor: bool) -> RolloutSummary:
@@ -548,6 +546,8 @@ class GRPOTrainer:
         resampled = 0
         if self.gate is not None:
             self.fit_predictor()
+        # the engine asks the gate after every chunk only while it may cut: a fit predictor, an active gate
+        cutting = self.gate is not None and self.predictor.model is not None and self.gate.active
         for attempt in range(grpo.max_resample + 1 if grpo.dynamic_sampling else 1):
             todo = [item for t, slots in wanted.items() for item in self._specs(t, attempt, slots)]
             if not todo:
@@ -555,7 +555,7 @@ class GRPOTrainer:
             mine = list(range(rank, len(todo), world))
             local = dict(zip(mine, self.engine.run([todo[k].spec for k in mine], progress=self.progress,
                                                    desc=f"step {self.step + 1} rollouts",
-                                                   cut=self._cut if self.gate is not None else None)))
+                                                   cut=self._cut if cutting else None)))
             summaries = {}
             for part in self.dist.gather({k: self._gate_summary(t, grpo.wm_horizon, todo[k].anchor)
                                           for k, t in local.items()}):
