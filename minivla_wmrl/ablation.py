@@ -300,8 +300,8 @@ def summarize_ablation(evidence: dict) -> dict:
             "real_steps": mean_interval([c["real_steps"] for c in cells]),
             "real_episodes": mean_interval([c["real_episodes"] for c in cells]),
             "real_steps_per_grpo_step": float(np.mean([c["real_steps"] / c["grpo_steps"] for c in cells])),
-            "real_steps_horizon_share": float(np.mean([c.get("real_steps_horizon", 0) / c["real_steps"]
-                                                       for c in cells])),
+            # rollouts cut before their end (at the horizon, or by the gate), of all the arm ran
+            "cut_share": float(np.mean([c.get("truncated_episodes", 0) / c["real_episodes"] for c in cells])),
             "calibration_auroc": _auroc_over_seeds(cells),
             "wall_s": mean_interval([c["wall_s"] for c in cells]),
             "curve": _curve(cells), "seed_curves": [_seed_curve(c) for c in cells],
@@ -440,7 +440,7 @@ def ablation_table(report: dict) -> str:
               f"reach its final held-out success over the steps the arm needs to reach it (mean curves, linear between "
               "evaluated checkpoints, SFT at 0 steps; > 1: cheaper); its interval resamples each arm's seeds "
               "(percentile), with the share of resamples in which the arm reached the target.", "",
-              f"| arm | real steps per GRPO step (× fewer than {first_arm}) | share cut at the horizon | "
+              f"| arm | real steps per GRPO step (× fewer than {first_arm}) | rollouts cut | "
               "world-model AUROC on calibration pairs | "
               f"real steps to reach {first_arm}'s final success | ratio [95% over seeds] |",
               "|---|---|---|---|---|---|"]
@@ -462,7 +462,7 @@ def ablation_table(report: dict) -> str:
             spread_text = f", reached in {100 * spread['reached_share']:.0f}%"
         lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} "
                      f"({per_step_first / arm['real_steps_per_grpo_step']:.2f}×) | "
-                     f"{100 * arm['real_steps_horizon_share']:.0f}% | "
+                     f"{100 * arm['cut_share']:.0f}% | "
                      f"{auroc_text} | "
                      f"{'not reached' if needs is None else f'{needs:.0f}'}{mark} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'}{mark}{spread_text} |")
