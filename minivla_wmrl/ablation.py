@@ -43,7 +43,6 @@ from minivla_wmrl.infra.atomic import atomic_file
 from minivla_wmrl.infra.config import (
     RUNTIME,
     Range,
-    apply_overrides,
     check_config,
     config_from_dict,
     load_recipe,
@@ -52,14 +51,11 @@ from minivla_wmrl.infra.config import (
 from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
 from minivla_wmrl.infra.run_checkpoint import read_json, recipe_differences
 from minivla_wmrl.infra.versions import run_versions
-from minivla_wmrl.pipeline import Pipeline, PipelineRecipe, dry_run, gate_replay
+from minivla_wmrl.pipeline import CONNECTED_GRPO_KEYS, Pipeline, PipelineRecipe, dry_run, grpo_variant
 from minivla_wmrl.train.grpo import GRPORecipe, train_grpo, validate
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
 SEED_LIMIT = 2**32  # GRPO seeds reach numpy: 0 <= seed < 2**32
-# what every cell shares, set by the ablation (out, seed) or the pipeline (the start and the tasks):
-# an arm that set one would silently run with the ablation's value instead
-ARM_MAY_NOT_SET = ("out", "grpo.seed", "policy.checkpoint", "env.suite", "env.tasks", "env.gym")
 CELL_MAY_DIFFER = marked_keys(GRPORecipe, RUNTIME)  # where and how a cell runs, not what it computes
 
 
@@ -89,11 +85,8 @@ class AblationRecipe(PipelineRecipe):
 def cell_recipe(recipe, arm_index: int, seed: int):
     """The GRPO recipe of one (arm, seed) cell: the pipeline's GRPO section + the arm's overrides."""
     ablation, arm = recipe.ablation, recipe.ablation.arms[arm_index]
-    data = apply_overrides(asdict(recipe.grpo), arm.overrides)
-    grpo = config_from_dict(GRPORecipe, data, f"ablation arm {arm.name!r}")
+    grpo = grpo_variant(recipe, arm.overrides, cell_dir(recipe, arm.name, seed), f"ablation arm {arm.name!r}")
     grpo.grpo.seed = seed if ablation.paired_seeds else seed + SEED_STRIDE * arm_index
-    grpo.out = str(cell_dir(recipe, arm.name, seed))
-    gate_replay(grpo, recipe.wm)
     return grpo
 
 
@@ -166,10 +159,12 @@ def check_ablation(recipe: AblationRecipe) -> None:
             raise ValueError(f"ablation arm {arm.name!r}: seeds {bad} out of range; expected 0 <= seed < "
                              f"{SEED_LIMIT - stride} (its GRPO seed, seed + {stride}, must be < 2**32)")
         keys = [o.split("=", 1)[0] for o in arm.overrides]
-        refused = [k for k in keys if any(k == r or k.startswith(r + ".") for r in ARM_MAY_NOT_SET)]
+        # set by the ablation (out, seed) or the pipeline (the start and the tasks): an arm that set one
+        # would silently run with the ablation's value instead
+        refused = [k for k in keys if any(k == r or k.startswith(r + ".") for r in CONNECTED_GRPO_KEYS)]
         if refused:
             raise ValueError(f"ablation arm {arm.name!r} overrides {refused}: the ablation sets these for every "
-                             f"cell ({', '.join(ARM_MAY_NOT_SET)}); use ablation.seeds, or change them in the "
+                             f"cell ({', '.join(CONNECTED_GRPO_KEYS)}); use ablation.seeds, or change them in the "
                              "recipe for all arms")
     check_config(ablation, "ablation")
     for i, arm in enumerate(ablation.arms):  # every arm's overrides name real keys with valid values, before any work
