@@ -85,10 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "policy, env, world_model, grpo, debias, denoise", "grpo.reward_mode=sparse",
                         "minivla_wmrl.train.grpo")
 
-    run = commands.add_parser("run", help="run a whole recipe: demos, vq, sft, wm, grpo, eval")
+    run = commands.add_parser("run", help="run a whole recipe: demos, vq, sft, wm, grpo, wmrl, eval")
     run.add_argument("recipe", help="pipeline recipe, e.g. recipes/libero_90.yaml or recipes/demo.yaml")
     run.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. grpo.grpo.steps=10")
-    run.add_argument("--stage", choices=["demos", "vq", "sft", "wm", "grpo", "eval"], help="run only this stage")
+    run.add_argument("--stage", choices=["demos", "vq", "sft", "wm", "grpo", "wmrl", "eval"],
+                     help="run only this stage")
     run.add_argument("--dry-run", action="store_true",
                      help="validate the recipe and build every component on the meta device; list user inputs")
     run.set_defaults(run=_main_of("minivla_wmrl.pipeline"))

@@ -225,7 +225,6 @@ class Pipeline:
         # every other input path the user set: before any work (the connected ones are earlier stages' outputs)
         check_input_paths(self.r, "pipeline recipe", frozenset(self.wired))
 
-
     # -- stages ---------------------------------------------------------------------------------------
 
     def finished(self, stage: str) -> bool:
