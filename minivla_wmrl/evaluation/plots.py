@@ -49,6 +49,8 @@ def plot_training_curves(run_dir: Path, path: Path) -> Path:
             ax = axes[row][col]
             if points:
                 ax.plot(*zip(*points), marker="." if len(points) < 30 else None)
+            elif any(key in r for r in records):  # logged, never finite (e.g. an AUROC with one outcome held out)
+                ax.text(0.5, 0.5, "logged, never finite", ha="center", va="center", transform=ax.transAxes)
             ax.set_title(f"{stage}: {key}")
             ax.set_xlabel("step")
             drawn[f"{stage}: {key}"] = points
