@@ -43,7 +43,6 @@ from minivla_wmrl.infra.atomic import atomic_file
 from minivla_wmrl.infra.config import (
     RUNTIME,
     Range,
-    apply_overrides,
     check_config,
     config_from_dict,
     load_recipe,
@@ -52,14 +51,11 @@ from minivla_wmrl.infra.config import (
 from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
 from minivla_wmrl.infra.run_checkpoint import read_json, recipe_differences
 from minivla_wmrl.infra.versions import run_versions
-from minivla_wmrl.pipeline import Pipeline, PipelineRecipe, dry_run, gate_replay
+from minivla_wmrl.pipeline import CONNECTED_GRPO_KEYS, Pipeline, PipelineRecipe, dry_run, grpo_variant
 from minivla_wmrl.train.grpo import GRPORecipe, train_grpo, validate
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
 SEED_LIMIT = 2**32  # GRPO seeds reach numpy: 0 <= seed < 2**32
-# what every cell shares, set by the ablation (out, seed) or the pipeline (the start and the tasks):
-# an arm that set one would silently run with the ablation's value instead
-ARM_MAY_NOT_SET = ("out", "grpo.seed", "policy.checkpoint", "env.suite", "env.tasks", "env.gym")
 CELL_MAY_DIFFER = marked_keys(GRPORecipe, RUNTIME)  # where and how a cell runs, not what it computes
 
 
@@ -89,11 +85,8 @@ class AblationRecipe(PipelineRecipe):
 def cell_recipe(recipe, arm_index: int, seed: int):
     """The GRPO recipe of one (arm, seed) cell: the pipeline's GRPO section + the arm's overrides."""
     ablation, arm = recipe.ablation, recipe.ablation.arms[arm_index]
-    data = apply_overrides(asdict(recipe.grpo), arm.overrides)
-    grpo = config_from_dict(GRPORecipe, data, f"ablation arm {arm.name!r}")
+    grpo = grpo_variant(recipe, arm.overrides, cell_dir(recipe, arm.name, seed), f"ablation arm {arm.name!r}")
     grpo.grpo.seed = seed if ablation.paired_seeds else seed + SEED_STRIDE * arm_index
-    grpo.out = str(cell_dir(recipe, arm.name, seed))
-    gate_replay(grpo, recipe.wm)
     return grpo
 
 
@@ -166,10 +159,12 @@ def check_ablation(recipe: AblationRecipe) -> None:
             raise ValueError(f"ablation arm {arm.name!r}: seeds {bad} out of range; expected 0 <= seed < "
                              f"{SEED_LIMIT - stride} (its GRPO seed, seed + {stride}, must be < 2**32)")
         keys = [o.split("=", 1)[0] for o in arm.overrides]
-        refused = [k for k in keys if any(k == r or k.startswith(r + ".") for r in ARM_MAY_NOT_SET)]
+        # set by the ablation (out, seed) or the pipeline (the start and the tasks): an arm that set one
+        # would silently run with the ablation's value instead
+        refused = [k for k in keys if any(k == r or k.startswith(r + ".") for r in CONNECTED_GRPO_KEYS)]
         if refused:
             raise ValueError(f"ablation arm {arm.name!r} overrides {refused}: the ablation sets these for every "
-                             f"cell ({', '.join(ARM_MAY_NOT_SET)}); use ablation.seeds, or change them in the "
+                             f"cell ({', '.join(CONNECTED_GRPO_KEYS)}); use ablation.seeds, or change them in the "
                              "recipe for all arms")
     check_config(ablation, "ablation")
     for i, arm in enumerate(ablation.arms):  # every arm's overrides name real keys with valid values, before any work
@@ -300,8 +295,8 @@ def summarize_ablation(evidence: dict) -> dict:
             "real_steps": mean_interval([c["real_steps"] for c in cells]),
             "real_episodes": mean_interval([c["real_episodes"] for c in cells]),
             "real_steps_per_grpo_step": float(np.mean([c["real_steps"] / c["grpo_steps"] for c in cells])),
-            "real_steps_horizon_share": float(np.mean([c.get("real_steps_horizon", 0) / c["real_steps"]
-                                                       for c in cells])),
+            # rollouts cut before their end (at the horizon, or by the gate), of all the arm ran
+            "cut_share": float(np.mean([c.get("truncated_episodes", 0) / c["real_episodes"] for c in cells])),
             "calibration_auroc": _auroc_over_seeds(cells),
             "wall_s": mean_interval([c["wall_s"] for c in cells]),
             "curve": _curve(cells), "seed_curves": [_seed_curve(c) for c in cells],
@@ -440,7 +435,7 @@ def ablation_table(report: dict) -> str:
               f"reach its final held-out success over the steps the arm needs to reach it (mean curves, linear between "
               "evaluated checkpoints, SFT at 0 steps; > 1: cheaper); its interval resamples each arm's seeds "
               "(percentile), with the share of resamples in which the arm reached the target.", "",
-              f"| arm | real steps per GRPO step (× fewer than {first_arm}) | share cut at the horizon | "
+              f"| arm | real steps per GRPO step (× fewer than {first_arm}) | rollouts cut | "
               "world-model AUROC on calibration pairs | "
               f"real steps to reach {first_arm}'s final success | ratio [95% over seeds] |",
               "|---|---|---|---|---|---|"]
@@ -462,7 +457,7 @@ def ablation_table(report: dict) -> str:
             spread_text = f", reached in {100 * spread['reached_share']:.0f}%"
         lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} "
                      f"({per_step_first / arm['real_steps_per_grpo_step']:.2f}×) | "
-                     f"{100 * arm['real_steps_horizon_share']:.0f}% | "
+                     f"{100 * arm['cut_share']:.0f}% | "
                      f"{auroc_text} | "
                      f"{'not reached' if needs is None else f'{needs:.0f}'}{mark} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'}{mark}{spread_text} |")

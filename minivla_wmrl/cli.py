@@ -85,10 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "policy, env, world_model, grpo, debias, denoise", "grpo.reward_mode=sparse",
                         "minivla_wmrl.train.grpo")
 
-    run = commands.add_parser("run", help="run a whole recipe: demos, vq, sft, wm, grpo, eval")
+    run = commands.add_parser("run", help="run a whole recipe: demos, vq, sft, wm, grpo, wmrl, eval")
     run.add_argument("recipe", help="pipeline recipe, e.g. recipes/libero_90.yaml or recipes/demo.yaml")
     run.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. grpo.grpo.steps=10")
-    run.add_argument("--stage", choices=["demos", "vq", "sft", "wm", "grpo", "eval"], help="run only this stage")
+    run.add_argument("--stage", choices=["demos", "vq", "sft", "wm", "grpo", "wmrl", "eval"],
+                     help="run only this stage")
     run.add_argument("--dry-run", action="store_true",
                      help="validate the recipe and build every component on the meta device; list user inputs")
     run.set_defaults(run=_main_of("minivla_wmrl.pipeline"))
@@ -114,6 +115,23 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--seed", type=int, default=0)
     probe.add_argument("--json", help="also write the report as JSON here")
     probe.set_defaults(run=_main_of("minivla_wmrl.evaluation.prefix_auroc"))
+
+    gate = commands.add_parser("gate-report", help="the gate replayed offline on a full-execution GRPO run: real "
+                               "steps saved and successes cut, per gate setting")
+    gate.add_argument("run_replay", help="the OUT/replay directory of a full-execution (e.g. sparse) GRPO run")
+    gate.add_argument("--replay", nargs="+", help="more real-labelled episodes the predictor starts from "
+                      "(e.g. the wm stage's OUT/replay), as gate.replay")
+    gate.add_argument("--predictor", nargs="+", default=["policy"], choices=["policy", "privileged", "time"])
+    gate.add_argument("--min-steps", nargs="+", type=int, default=[32])
+    gate.add_argument("--patience", nargs="+", type=int, default=[2])
+    gate.add_argument("--wrong-cut-rate", nargs="+", type=float, default=[0.05])
+    gate.add_argument("--anchor-fraction", type=float, default=0.25, help="anchors per group, as grpo.anchor_fraction")
+    gate.add_argument("--group-size", type=int, default=4, help="consecutive rollouts of a step that form a group "
+                      "(rollouts_per_task / init_states_per_step under grouping: init_state)")
+    gate.add_argument("--time-scale", type=float, default=520.0, help="the run's grpo.max_real_steps")
+    gate.add_argument("--seed", type=int, default=0)
+    gate.add_argument("--json", help="also write every setting's per-step report as JSON here")
+    gate.set_defaults(run=_main_of("minivla_wmrl.train.gate_report"))
 
     info = commands.add_parser("model-info", help="parameter counts per part, built on the meta device")
     info.add_argument("--preset", default="minivla-1b")

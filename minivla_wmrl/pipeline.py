@@ -1,10 +1,11 @@
 """`minivla-wmrl run RECIPE [--stage S] [--dry-run]`: one recipe, the whole pipeline, one run directory.
 
 Stages, in order: demos (optional: scripted demonstrations) → vq (action tokenizer; skipped when
-the released VQ is given) → sft → wm (world model) → grpo → eval (the SFT and the GRPO
+the released VQ is given) → sft → wm (world model) → grpo → wmrl (optional: a second GRPO run from
+the same SFT checkpoint with the `wmrl.overrides`, e.g. gated execution) → eval (the SFT and GRPO
 checkpoints, the suite's protocol). Each stage's section is that command's own recipe; the
 pipeline fills in what connects them (data paths, the action tokenizer, checkpoints, the world
-model) and writes everything under `out/`: `demos/ vq/ sft/ wm/ grpo/ eval/ plots/`.
+model) and writes everything under `out/`: `demos/ vq/ sft/ wm/ grpo/ wmrl/ eval/ plots/`.
 """
 
 from __future__ import annotations
@@ -24,8 +25,15 @@ from envs.libero_env import get_suite, resolve_task
 from minivla_wmrl.data.gym_demos import generate_gym_demos
 from minivla_wmrl.evaluation.compare import compare, comparison_table
 from minivla_wmrl.evaluation.evaluate import EvalConfig, EvalProtocol, evaluate, format_rate
-from minivla_wmrl.evaluation.plots import plot_calibration, plot_training_curves
-from minivla_wmrl.infra.config import InputPath, Range, check_input_paths, load_recipe
+from minivla_wmrl.evaluation.plots import plot_calibration, plot_gate, plot_training_curves
+from minivla_wmrl.infra.config import (
+    InputPath,
+    Range,
+    apply_overrides,
+    check_input_paths,
+    config_from_dict,
+    load_recipe,
+)
 from minivla_wmrl.infra.outputs import create_output_dir, replaced_directory
 from minivla_wmrl.infra.run_checkpoint import RUN_FILES, selected_checkpoint
 from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
@@ -37,7 +45,9 @@ from minivla_wmrl.train.vq import VQTrainConfig, run_vq
 from minivla_wmrl.train.wm import WMRecipe, train_world_model
 from world_models.progress_model import ProgressWorldModel
 
-STAGES = ("demos", "vq", "sft", "wm", "grpo", "eval")
+STAGES = ("demos", "vq", "sft", "wm", "grpo", "wmrl", "eval")
+# the GRPO keys the pipeline sets for every run from its SFT checkpoint: a variant's overrides may not set them
+CONNECTED_GRPO_KEYS = ("out", "grpo.seed", "policy.checkpoint", "env.suite", "env.tasks", "env.gym")
 WHERE = {
     "data": "LIBERO demonstrations (hdf5): LIBERO's download script or "
             "huggingface.co/datasets/yifengzhu-hf/LIBERO-datasets",
@@ -73,6 +83,15 @@ class VQStage:
     train: VQTrainConfig = field(default_factory=VQTrainConfig)
 
 
+@dataclass
+class WMRLStage:
+    """WMRL beside the `grpo` stage: a second GRPO run from the same SFT checkpoint and world model,
+    its recipe the `grpo` section with these overrides, its checkpoint evaluated as `wmrl` (list it
+    in eval.checkpoints) and its real simulator steps printed beside grpo's. No overrides: no stage."""
+
+    overrides: list[str] = field(default_factory=list)  # GRPO recipe `key=value`s, e.g. "grpo.execution=gated"
+
+
 @dataclass(kw_only=True)
 class EvalStage(EvalProtocol):
     """`minivla-wmrl eval`'s protocol settings; the pipeline connects the suite, tasks and image
@@ -94,6 +113,7 @@ class PipelineRecipe:
     sft: SFTRecipe = field(default_factory=SFTRecipe)
     wm: WMRecipe = field(default_factory=WMRecipe)
     grpo: GRPORecipe = field(default_factory=GRPORecipe)
+    wmrl: WMRLStage = field(default_factory=WMRLStage)
     eval: EvalStage = field(default_factory=EvalStage)
     # `minivla-wmrl ablate`'s section, read and checked there (`ablation.AblationRecipe`); `run` ignores it
     ablation: dict = field(default_factory=dict)
@@ -104,6 +124,20 @@ def gate_replay(grpo: GRPORecipe, wm: WMRecipe) -> None:
     SFT policy, when that stage collects and the GRPO recipe names no replay of its own."""
     if grpo.grpo.execution == "gated" and not grpo.gate.replay and wm.collect.episodes_per_task > 0:
         grpo.gate.replay = [str(Path(wm.out) / "replay")]
+
+
+def grpo_variant(recipe: PipelineRecipe, overrides: list[str], out: Path, where: str) -> GRPORecipe:
+    """The pipeline's GRPO section with `overrides`: another GRPO run from the same SFT checkpoint and
+    world model (the wmrl stage, an ablation cell), writing to `out`."""
+    keys = [o.split("=", 1)[0] for o in overrides]
+    refused = [k for k in keys if any(k == c or k.startswith(c + ".") for c in CONNECTED_GRPO_KEYS)]
+    if refused:
+        raise ValueError(f"{where} overrides {refused}: the pipeline sets these for every GRPO run "
+                         f"({', '.join(CONNECTED_GRPO_KEYS)}); change them in the recipe's grpo section or top level")
+    grpo = config_from_dict(GRPORecipe, apply_overrides(asdict(recipe.grpo), overrides), where)
+    grpo.out = str(out)
+    gate_replay(grpo, recipe.wm)
+    return grpo
 
 
 class Pipeline:
@@ -148,6 +182,12 @@ class Pipeline:
         if r.grpo.world_model.name == "progress" and not r.grpo.world_model.options:
             r.grpo.world_model.options = {"path": str(out / "wm" / "world_model")}
         gate_replay(r.grpo, r.wm)
+        if ("wmrl" in r.eval.checkpoints) != bool(r.wmrl.overrides):
+            raise ValueError(f"eval.checkpoints {r.eval.checkpoints} and wmrl.overrides {r.wmrl.overrides}: the wmrl "
+                             "stage runs when it has overrides, and is evaluated when eval.checkpoints lists it; set "
+                             "both or neither")
+        if r.wmrl.overrides:
+            validate(self.wmrl_recipe())
 
     def _wire(self, key: str, value) -> None:
         """Set a stage input the pipeline owns (a dotted recipe key); a different value the user set
@@ -208,7 +248,7 @@ class Pipeline:
         for stage in stages:
             if stage == "vq" and self.r.weights.vq_dir:
                 continue
-            if stage == "demos" and not self.r.demos.generate:
+            if stage == "demos" and not self.r.demos.generate or stage == "wmrl" and not self.r.wmrl.overrides:
                 continue
             if skip_finished and self.finished(stage):
                 print(f"== stage {stage}: finished earlier, kept", flush=True)
@@ -255,9 +295,24 @@ class Pipeline:
         result = train_world_model(self.r.wm)
         return {k: v for k, v in result.items() if k not in ("model", "trainer")}
 
+    def wmrl_recipe(self) -> GRPORecipe:
+        return grpo_variant(self.r, self.r.wmrl.overrides, self.out / "wmrl", "wmrl.overrides")
+
     def stage_grpo(self) -> dict:
-        result = train_grpo(self.r.grpo)
-        plot_calibration(result["trainer"].debiaser, self.out / "plots" / "wm_calibration.png")
+        return self._grpo(self.r.grpo, "")
+
+    def stage_wmrl(self) -> dict:
+        return self._grpo(self.wmrl_recipe(), "wmrl_")
+
+    def _grpo(self, recipe: GRPORecipe, prefix: str) -> dict:
+        """Train; plot what stood in for real execution: the gate's anchors (gated execution) or the
+        world model's calibration pairs (dense rewards); plain sparse GRPO has neither."""
+        result = train_grpo(recipe)
+        trainer = result["trainer"]
+        if trainer.gate is not None:
+            plot_gate(trainer.gate, self.out / "plots" / f"{prefix}gate.png")
+        elif trainer.debiaser.pairs:
+            plot_calibration(trainer.debiaser, self.out / "plots" / f"{prefix}wm_calibration.png")
         return {"checkpoint": result["checkpoint"], "last": result["history"][-1] if result["history"] else {}}
 
     def stage_eval(self) -> dict:
@@ -275,6 +330,9 @@ class Pipeline:
         if len(directories) > 1:  # each later checkpoint against the first, episode by episode
             table += ("\nPaired comparison (same init states and sampling seeds):\n\n"
                       + comparison_table(compare(directories)))
+        runs = [name for name in e.checkpoints if name != "sft"]
+        if runs:
+            table += "\n" + real_cost_table({name: self.out / name for name in runs})
         (self.out / "eval" / "success_table.md").write_text(table)
         print(table)
         return infos
@@ -289,6 +347,20 @@ def success_table(infos: dict[str, dict]) -> str:
         cells = [format_rate(infos[n]["per_task"][k]) for n in names]
         lines.append(f"| {task['task']} | {task['instruction']} | " + " | ".join(cells) + " |")
     lines.append("| all | | " + " | ".join(format_rate(infos[n]["overall"]) for n in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def real_cost_table(runs: dict[str, Path]) -> str:
+    """What each GRPO run executed in the real simulator (reset wait steps included), from its metrics:
+    training rollouts, those the gate or horizon cut, and the guard's validation episodes apart."""
+    lines = ["| GRPO run | simulator steps (training rollouts) | × fewer than the first | episodes | cut | "
+             "validation steps |", "|---|---|---|---|---|---|"]
+    first = None
+    for name, directory in runs.items():
+        last = json.loads((Path(directory) / "metrics.jsonl").read_text().splitlines()[-1])
+        first = first or last["sim_steps"]
+        lines.append(f"| {name} | {last['sim_steps']} | {first / last['sim_steps']:.2f}× | {last['real_episodes']} | "
+                     f"{last['truncated_episodes']} | {last['validation_real_steps']} |")
     return "\n".join(lines) + "\n"
 
 

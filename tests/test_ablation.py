@@ -73,7 +73,7 @@ def test_ablation_pairs_arms_on_held_out_states_and_resumes(recipe_path, capsys)
     assert len(lr0["held_out_per_seed"]) == 1 and lr0["held_out"]["ci95"] is None  # one seed: no interval
     for arm in (sparse, lr0):
         assert arm["real_steps_per_grpo_step"] == pytest.approx(arm["real_steps"]["mean"] / 2)
-        assert arm["real_steps_horizon_share"] == 0  # full execution: nothing cut
+        assert arm["cut_share"] == 0  # full execution: nothing cut
     assert sparse["steps_to_first_arm_final"] is not None  # the first arm reaches its own final success
     table = (out / "ablation" / "ablation.md").read_text()
     assert "| lr0 |" in table and "8/8" in table and "Real-simulator cost" in table

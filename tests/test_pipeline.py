@@ -1,6 +1,7 @@
 """Recipes: every shipped recipe validates on the meta device; the gymnasium recipe runs end to end."""
 
 import json
+import re
 from pathlib import Path
 
 import imageio.v2 as imageio
@@ -61,13 +62,22 @@ def test_gym_recipe_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "gym"
     overrides = [f"out={out}", "demos.num=4", "demos.max_episodes=6", "vq.train.steps=100", "sft.sft.steps=40",
                  "sft.sft.eval_every=40", "sft.sft.save_every=40", "wm.collect.episodes_per_task=2", "wm.train.steps=6",
-                 "wm.train.eval_every=6", "wm.train.save_every=6", "grpo.grpo.steps=1", "eval.trials=2"]
+                 "wm.train.eval_every=6", "wm.train.save_every=6", "grpo.grpo.steps=1", "eval.trials=2",
+                 # WMRL beside it: gated execution from the same SFT checkpoint, evaluated and costed beside grpo
+                 "wmrl.overrides=[grpo.reward_mode=sparse, grpo.execution=gated, grpo.anchor_fraction=0.5]",
+                 "eval.checkpoints=[sft, grpo, wmrl]"]
     assert cli(["run", "recipes/gym_fetch_pick_place.yaml", *overrides]) == 0
     printed = capsys.readouterr().out
     assert "| FetchPickAndPlace-v4 |" in printed and "run directory" in printed
+    wmrl = [json.loads(line) for line in (out / "wmrl" / "metrics.jsonl").read_text().splitlines()]
+    assert json.loads((out / "wmrl" / "recipe.json").read_text())["grpo"]["execution"] == "gated"
+    assert (f"| wmrl | {wmrl[-1]['sim_steps']} |" in printed and "| grpo |" in printed
+            and "× fewer than the first" in printed)
+    gate = json.loads((out / "plots" / "wmrl_gate.png.json").read_text())
+    assert gate["anchors"] == wmrl[-1]["gate_anchors"] and gate["active"] == bool(wmrl[-1]["gate_active"])
     report = json.loads((out / "demos" / "demos_report.json").read_text())
     assert report[0]["succeeded"] == 4
-    for name in ("sft", "grpo"):
+    for name in ("sft", "grpo", "wmrl"):
         (path,) = (out / "eval" / name).glob("*/eval_info.json")  # eval/sft/final, eval/grpo/step_0000001
         info = json.loads(path.read_text())
         assert info["overall"]["trials"] == 2 and info["settings"]["suite"] == "gym"
@@ -81,7 +91,8 @@ def test_gym_recipe_runs_end_to_end(tmp_path, capsys):
     assert calibration["anchors"] == grpo[0]["real_labels_used"] > 0  # every anchor's (score, outcome) pair
     assert len(calibration["raw world-model score"]) >= 1
     assert imageio.imread(out / "plots" / "training_curves.png").shape[2] in (3, 4)
-    assert set(json.loads((out / "stage_times.json").read_text())) == {"demos", "vq", "sft", "wm", "grpo", "eval"}
+    assert set(json.loads((out / "stage_times.json").read_text())) == {"demos", "vq", "sft", "wm", "grpo", "wmrl",
+                                                                        "eval"}
 
 
 @pytest.mark.parametrize("override, key", [
@@ -100,3 +111,18 @@ def test_values_equal_to_the_connected_ones_are_accepted(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli(["run", "recipes/demo.yaml", f"out={out}", f"grpo.policy.checkpoint={out / 'sft' / 'final'}",
                 "--dry-run"]) == 0
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["wmrl.overrides=[grpo.execution=gated]"], "set both or neither"),  # runs, but never evaluated
+    (["eval.checkpoints=[sft, grpo, wmrl]"], "set both or neither"),  # evaluated, but never run
+    (["wmrl.overrides=[policy.checkpoint=elsewhere]", "eval.checkpoints=[sft, grpo, wmrl]"],
+     r"wmrl.overrides overrides \['policy.checkpoint'\]: the pipeline sets these"),
+    (["wmrl.overrides=[grpo.execution=gated]", "eval.checkpoints=[sft, grpo, wmrl]"],
+     "grpo.execution 'gated' needs reward_mode sparse, anchor_fraction < 1"),
+    (["wmrl.overrides=[grpo.no_such_key=1]", "eval.checkpoints=[sft, grpo, wmrl]"], "no_such_key"),
+])
+def test_a_wmrl_stage_that_cannot_run_as_asked_is_refused_before_any_work(tmp_path, capsys, overrides, expected):
+    assert cli(["run", "recipes/demo.yaml", f"out={tmp_path / 'run'}", *overrides, "--dry-run"]) == 1
+    assert re.search(expected, capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()

@@ -1,5 +1,6 @@
 """The README's headline evidence is the committed ablations': its rows are recomputed from
-`docs/ablation_rl_cpu*.json`'s per-episode evidence (as `ablate --from-json` does) and must match."""
+`docs/ablation_rl_cpu*.json`'s per-episode evidence (as `ablate --from-json` does) and must match;
+likewise the gate-report table in docs/wmrl_grpo.md from `docs/gate_report_task28.json`."""
 
 from pathlib import Path
 
@@ -42,3 +43,19 @@ def test_readme_transfer_rows_are_the_committed_ablations():
                          f"{_points(sparse['vs_sft']['difference'])} [{_points(low)}, {_points(high)}]",
                          ", ".join(f"{100 * s:.0f}" for s in sparse["held_out_per_seed"])):
             assert expected in row, (task, expected, row)
+
+
+def test_the_gate_report_table_is_the_committed_replay():
+    import json
+
+    from minivla_wmrl.train.gate_report import report_table
+
+    committed = json.loads((ROOT / "docs" / "gate_report_task28.json").read_text())
+    table = report_table(committed["reports"])
+    assert table in (ROOT / "docs" / "wmrl_grpo.md").read_text()
+    chosen = next(r for r in committed["reports"]
+                  if r["gate"]["predictor"] == "policy" and r["gate"]["min_steps"] == 24)
+    assert (chosen["gate"]["patience"], chosen["gate"]["wrong_cut_rate"]) == (1, 0.2)  # the setting the docs chose
+    total = chosen["total"]
+    assert total["real_steps_full"] / total["real_steps"] == total["saving"]
+    assert f"{total['saving']:.2f}× against" in (ROOT / "docs" / "wmrl_grpo.md").read_text()

@@ -149,23 +149,28 @@ def fit_outcome_probe(episodes: list[ProbeEpisode], hidden: int = 16, epochs: in
     probe.mean.copy_(torch.as_tensor(rows.mean(0)))
     probe.std.copy_(torch.as_tensor(rows.std(0) + 1e-6))
 
-    def loss_of(batch):
-        inputs, mask, tasks = probe._batch(batch)
-        labels = torch.tensor([float(e.success) for e in batch])[:, None].expand_as(mask)
-        return nn.functional.binary_cross_entropy_with_logits(probe(inputs, tasks)[mask], labels[mask])
+    def batch_of(episodes):  # padded once: the normalisation is fixed above
+        inputs, mask, tasks = probe._batch(episodes)
+        labels = torch.tensor([float(e.success) for e in episodes])[:, None].expand_as(mask)
+        return inputs, mask, tasks, labels[mask]
 
+    def loss_of(batch):
+        inputs, mask, tasks, labels = batch
+        return nn.functional.binary_cross_entropy_with_logits(probe(inputs, tasks)[mask], labels)
+
+    fit_batch, check_batch = batch_of(fit), batch_of(check)
     optimizer = torch.optim.Adam(probe.parameters(), lr=lr, weight_decay=weight_decay)
     best, best_state = float("inf"), None
     for epoch in range(epochs):
         probe.train()
-        loss = loss_of(fit)
+        loss = loss_of(fit_batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         if epoch % 10 == 9 or epoch == epochs - 1:
             probe.eval()
             with torch.no_grad():
-                checked = loss_of(check).item()
+                checked = loss_of(check_batch).item()
             if checked < best:
                 best, best_state = checked, {k: v.clone() for k, v in probe.state_dict().items()}
     probe.load_state_dict(best_state)

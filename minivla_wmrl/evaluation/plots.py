@@ -1,6 +1,7 @@
 """Run plots: training curves of every stage, world-model score vs real success around calibration,
-and an ablation's held-out success against real-simulator steps. Each PNG has the points it draws
-beside it (`NAME.png.json`), so a figure can be checked or re-drawn without reading pixels."""
+the gate's anchors against its threshold, and an ablation's held-out success against
+real-simulator steps. Each PNG has the points it draws beside it (`NAME.png.json`), so a figure
+can be checked or re-drawn without reading pixels."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 CURVES = {"sft": ("loss", "action_accuracy"), "wm": ("loss", "val_success_auroc"),
-          "grpo": ("success_rate", "reward_mean_anchor", "val_success")}  # val_success: the guard's checks
+          "grpo": ("success_rate", "reward_mean_anchor", "val_success"),  # val_success: the guard's checks
+          "wmrl": ("success_rate", "cut_rollouts", "val_success")}
 
 
 def _figure(rows: int, cols: int, panel: tuple[float, float] = (4, 3)):
@@ -47,6 +49,8 @@ def plot_training_curves(run_dir: Path, path: Path) -> Path:
             ax = axes[row][col]
             if points:
                 ax.plot(*zip(*points), marker="." if len(points) < 30 else None)
+            elif any(key in r for r in records):  # logged, never finite (e.g. an AUROC with one outcome held out)
+                ax.text(0.5, 0.5, "logged, never finite", ha="center", va="center", transform=ax.transAxes)
             ax.set_title(f"{stage}: {key}")
             ax.set_xlabel("step")
             drawn[f"{stage}: {key}"] = points
@@ -73,6 +77,28 @@ def plot_calibration(debiaser, path: Path, bins: int = 10) -> Path:
         ax.set_xlabel("score")
         ax.set_ylabel("real success")
     return _save(plt, figure, path, {"anchors": len(pairs), **drawn})
+
+
+def plot_gate(gate, path: Path, bins: int = 20) -> Path:
+    """The recent anchors' cut statistics (the lowest threshold at which the gate's rule would have cut
+    each), successes and failures apart, against the threshold: what the gate cuts and what it spares."""
+    plt, figure, axes = _figure(1, 1, panel=(5.5, 3.5))
+    ax = axes[0][0]
+    statistics, outcomes = np.array(gate.statistics), np.array(gate.outcomes, bool)
+    judged = np.isfinite(statistics)  # inf: ended before the rule could judge it
+    edges = np.linspace(0, 1, bins + 1)
+    drawn = {"anchors": len(statistics), "threshold": gate.threshold, "active": gate.active}
+    for label, mask, color in (("successes", outcomes, "tab:green"), ("failures", ~outcomes, "tab:red")):
+        values = np.clip(statistics[mask & judged], 0, 1)
+        drawn[label] = values.tolist()
+        ax.hist(values, bins=edges, alpha=0.6, color=color, label=f"{label} ({len(values)})")
+    ax.axvline(gate.threshold, color="black", linestyle="--", label=f"threshold {gate.threshold:.3f}")
+    state = "cutting" if gate.active else f"not cutting: {gate.reason}"
+    ax.set_title(f"gate: {len(statistics)} recent anchors, AUROC {gate.quality:.2f}\n{state}", fontsize=8)
+    ax.set_xlabel("cut statistic (cut when below the threshold)")
+    ax.set_ylabel("anchors")
+    ax.legend(fontsize=7)
+    return _save(plt, figure, path, drawn)
 
 
 def plot_ablation(report: dict, path: Path) -> Path:

@@ -36,7 +36,7 @@ EARLIER_SIGNATURES = {"sft": ("recipe.json",), "wm": ("recipe.json",), "grpo": (
                       "vq": ("vq_train_config.json",), "ablate": ("ablation.json", "eval")}
 # a pipeline directory holding only stage outputs (e.g. another run's demos/ vq/ sft/ wm/ copied in to start
 # from) is the pipeline's: each stage directory is then checked by the stage that writes it
-PIPELINE_ENTRIES = {"demos", "vq", "sft", "wm", "grpo", "eval", "plots", "pretrained", "ablation"}
+PIPELINE_ENTRIES = {"demos", "vq", "sft", "wm", "grpo", "wmrl", "eval", "plots", "pretrained", "ablation"}
 
 
 class OutputExistsError(FileExistsError):

@@ -11,7 +11,8 @@ cuts every trajectory and keeps its final real outcome, so the success head esti
 P(real success | prefix): a full real-labelled trajectory gives labelled prefixes of every
 length, which is what GRPO's truncated execution scores its cut rollouts with.
 
-Reported on held-out trajectories: success AUROC (also on prefixes of `eval_prefixes` frames),
+Reported on held-out trajectories (the policy's own rollouts when there are any, never the scripted
+demonstrations then): success AUROC (also on prefixes of `eval_prefixes` frames),
 mean Spearman rank correlation of predicted progress with time on successes, and expected
 calibration error of the success probability.
 `WorldModelTrainer.update` is the online step GRPO calls with newly labelled rollouts.
@@ -274,14 +275,18 @@ def _train_world_model(recipe: WMRecipe, progress: bool) -> dict:
         if not collected.exists():
             collect_rollouts(recipe.collect, size, collected)
         rollout_files.append(str(collected))
-    trajectories = (demo_trajectories(recipe.data.demos, size, recipe.data.stride, recipe.data.image_convention,
-                                       recipe.data.image_key)
-                    if recipe.data.demos else []) + load_trajectories(rollout_files, size)
-    if not trajectories:
+    demos = (demo_trajectories(recipe.data.demos, size, recipe.data.stride, recipe.data.image_convention,
+                               recipe.data.image_key) if recipe.data.demos else [])
+    rollouts = load_trajectories(rollout_files, size)
+    if not demos and not rollouts:
         raise ValueError(f"{recipe.out}: no training data; set data.demos, data.rollouts or collect.checkpoint")
-    train_ids, val_ids = split_episodes(len(trajectories), settings.val_fraction, settings.seed)
-    train_set = [trajectories[i] for i in train_ids]
-    val_set = [trajectories[i] for i in val_ids]
+    # held out from the policy's own rollouts when there are any: a scripted demonstration (always a
+    # success) is told apart from a rollout by its look alone, which makes a held-out success AUROC
+    # over both say nothing about the outcomes GRPO needs predicted
+    pool, always_trained = (rollouts, demos) if rollouts else (demos, [])
+    train_ids, val_ids = split_episodes(len(pool), settings.val_fraction, settings.seed)
+    train_set = always_trained + [pool[i] for i in train_ids]
+    val_set = [pool[i] for i in val_ids]
 
     found, state = resumed if resumed is not None else (None, None)
     model = (ProgressWorldModel.from_pretrained(found / "world_model") if found is not None

@@ -1,0 +1,122 @@
+"""`minivla-wmrl gate-report RUN_REPLAY`: the gate replayed offline on a full-execution GRPO run.
+
+A sparse (full-execution) GRPO run's replay store (`OUT/replay/step_N.hdf5`) holds every rollout of
+every step, run to its end. Replaying it step by step through the gate of `train.gate` shows what a
+gate setting would have saved on that policy's rollouts, and at what cost, before hours of GRPO are
+spent on it: each step, the outcome predictor is fit on what a gated run would have had by then
+(`--replay`, plus the earlier steps' anchors and uncut rollouts), a share `anchor_fraction` of each
+group is drawn as anchors, every other rollout is cut at the first chunk the rule cuts it, and the
+anchors, scored by the predictor before it learns from them, recalibrate the gate. Exactly the
+objects and order GRPO's gated execution uses (`GRPOTrainer.rollouts` and `corrections`).
+
+What it cannot show: how the gate's rewards (a cut rollout's reward is its prediction) would have
+changed the policy; the rollouts after the first step are the sparse run's, not a gated run's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from minivla_wmrl.data.replay import read_replay
+from minivla_wmrl.infra.config import check_config
+from minivla_wmrl.infra.outputs import write_json_output
+from minivla_wmrl.rl.anchors import pick_anchors
+from minivla_wmrl.rl.rollout import Trajectory
+from minivla_wmrl.train.gate import Gate, GateConfig, OutcomePredictor, cut_statistic, decision_steps
+
+WAIT_STEPS = 10  # the env steps of every reset before the first query (LIBERO's protocol), counted as real
+
+
+def first_cut(gate: Gate, probabilities: np.ndarray, trajectory: Trajectory) -> int:
+    """The env step at which the gate cuts this rollout (its length when it never does)."""
+    steps = decision_steps(trajectory)
+    for i in np.flatnonzero(steps < trajectory.length):  # the last decision comes at the end: nothing to cut
+        if gate.cuts(probabilities[:i + 1], steps[:i + 1]):
+            return int(steps[i])
+    return trajectory.length
+
+
+def replay_gate(steps: list[list[Trajectory]], config: GateConfig, extra: list[Trajectory], group_size: int,
+                anchor_fraction: float, time_scale: float, seed: int = 0) -> dict:
+    """Replay a full-execution run's steps (each a list of its rollouts, groups of `group_size` in
+    order) through the gate; per step and in total: real steps with and without the gate (reset wait
+    steps included), rollouts cut, and successes among them."""
+    gate, predictor = Gate(config), OutcomePredictor(config.predictor, time_scale, seed)
+    rng, labelled, rows = np.random.default_rng(seed), list(extra), []
+    for number, rollouts in enumerate(tqdm(steps, desc=f"gate replay ({config.predictor})", leave=False), 1):
+        unfit = predictor.fit(labelled)
+        groups = np.arange(len(rollouts)) // group_size
+        anchors = pick_anchors(groups, np.ones(len(rollouts), bool), anchor_fraction, rng, min_per_group=1)
+        probabilities = predictor(rollouts) if unfit is None else None
+        cutting = probabilities is not None and gate.active
+        lengths = np.array([t.length for t in rollouts])
+        ends = lengths.copy()
+        for k in np.flatnonzero(~anchors) if cutting else []:
+            ends[k] = first_cut(gate, probabilities[k], rollouts[k])
+        outcomes = np.array([t.success for t in rollouts], bool)
+        cut = ends < lengths
+        rows.append({"step": number, "cutting": bool(cutting), "threshold": gate.threshold if cutting else None,
+                     "rollouts": len(rollouts), "anchors": int(anchors.sum()), "cut": int(cut.sum()),
+                     "successes_cut": int((cut & outcomes).sum()), "failures_cut": int((cut & ~outcomes).sum()),
+                     "non_anchor_successes": int((~anchors & outcomes).sum()),
+                     "non_anchor_failures": int((~anchors & ~outcomes).sum()),
+                     "real_steps_full": int((lengths + WAIT_STEPS).sum()),
+                     "real_steps": int((ends + WAIT_STEPS).sum())})
+        if probabilities is not None:  # the anchors recalibrate the gate, as in GRPO's corrections
+            statistics = [cut_statistic(probabilities[k], decision_steps(rollouts[k]), config.min_steps,
+                                        config.patience) for k in np.flatnonzero(anchors)]
+            gate.observe(np.array(statistics), outcomes[anchors])
+        labelled += [t for t, c in zip(rollouts, cut) if not c]  # what a gated run's replay store would hold
+    total = {k: sum(r[k] for r in rows) for k in ("rollouts", "cut", "successes_cut", "failures_cut",
+                                                  "non_anchor_successes", "non_anchor_failures",
+                                                  "real_steps_full", "real_steps")}
+    total.update(saving=total["real_steps_full"] / total["real_steps"],
+                 successes_cut_share=total["successes_cut"] / max(total["non_anchor_successes"], 1),
+                 failures_cut_share=total["failures_cut"] / max(total["non_anchor_failures"], 1),
+                 first_cutting_step=next((r["step"] for r in rows if r["cutting"]), None))
+    return {"gate": asdict(config), "anchor_fraction": anchor_fraction, "steps": rows, "total": total}
+
+
+def report_table(reports: list[dict]) -> str:
+    """One row per gate setting, as markdown."""
+    lines = ["| predictor | min steps | patience | wrong-cut rate | first cutting step | non-anchors cut "
+             "| successes cut | failures cut | real steps: fewer by |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        g, t = r["gate"], r["total"]
+        lines.append(f"| {g['predictor']} | {g['min_steps']} | {g['patience']} | {g['wrong_cut_rate']} | "
+                     f"{t['first_cutting_step'] or '-'} | {t['cut']} | {t['successes_cut']} of "
+                     f"{t['non_anchor_successes']} ({t['successes_cut_share']:.0%}) | {t['failures_cut']} of "
+                     f"{t['non_anchor_failures']} ({t['failures_cut_share']:.0%}) | {t['saving']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main(args) -> None:
+    """Replay RUN_REPLAY (a full-execution run's OUT/replay) through every combination of the settings given."""
+    run = Path(args.run_replay)
+    files = sorted(run.glob("step_*.hdf5")) if run.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"{run}: no step_*.hdf5 replay files; expected the OUT/replay directory of a "
+                                "full-execution GRPO run")
+    if not 0 < args.anchor_fraction < 1 or args.group_size < 1:
+        raise ValueError(f"--anchor-fraction {args.anchor_fraction} and --group-size {args.group_size}: expected a "
+                         "share in (0, 1) and a positive group size")
+    steps = [read_replay([f]) for f in files]
+    extra = read_replay(args.replay) if args.replay else []
+    reports = []
+    for predictor, min_steps, patience, rate in itertools.product(args.predictor, args.min_steps, args.patience,
+                                                                  args.wrong_cut_rate):
+        config = replace(GateConfig(), predictor=predictor, min_steps=min_steps, patience=patience,
+                         wrong_cut_rate=rate)
+        check_config(config, "gate-report's gate")
+        reports.append(replay_gate(steps, config, extra, args.group_size, args.anchor_fraction, args.time_scale,
+                                   args.seed))
+    print(f"{run}: {len(files)} steps, {sum(map(len, steps))} rollouts; anchors {args.anchor_fraction:g} per group "
+          f"of {args.group_size}; predictor first fit on {len(extra)} other episodes\n")
+    print(report_table(reports))
+    if args.json:
+        write_json_output(args.json, {"run": str(run), "extra": len(extra), "reports": reports})

@@ -1,0 +1,82 @@
+"""The gate replayed offline on a recorded full-execution run (pure logic on planted rollouts: the
+rollout fields it reads are recorded by the engine, tested on LIBERO in test_rollout.py)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from minivla_wmrl.train.gate import Gate, GateConfig
+from minivla_wmrl.train.gate_report import WAIT_STEPS, first_cut, replay_gate
+from tests.test_outcome_probe import CAP, rollout, rollouts
+
+
+def test_the_first_cut_is_where_the_rule_first_cuts_and_never_at_the_end():
+    trajectory = rollouts(0, 2)[0]  # a failure: queries at 0, 8, ..., 112; runs to the cap
+    assert not trajectory.success and trajectory.length == CAP
+    gate = Gate(GateConfig(min_steps=32, patience=2))
+    gate.active, gate.threshold = True, 0.5
+    probabilities = np.full(trajectory.num_queries, 0.9)
+    probabilities[5:] = 0.1  # decisions after the chunks of queries 5, 6, ...: steps 48, 56, ...
+    assert first_cut(gate, probabilities, trajectory) == 56  # two in a row below: after query 6's chunk
+    assert first_cut(gate, np.full(trajectory.num_queries, 0.9), trajectory) == CAP
+    only_last = np.full(trajectory.num_queries, 0.9)
+    only_last[-2:] = 0.1  # the rule would fire at the episode's end: nothing left to cut
+    assert first_cut(gate, only_last, trajectory) == CAP
+    gate.active = False
+    assert first_cut(gate, probabilities, trajectory) == CAP
+
+
+def run_steps(seed: int, steps: int, planted: bool = True) -> list:
+    return [rollouts(seed * 100 + k, 16, planted) for k in range(steps)]
+
+
+def test_a_replayed_gate_cuts_failures_spares_anchors_and_accounts_every_step():
+    steps, config = run_steps(1, 4), GateConfig(predictor="time", min_steps=24, patience=1, wrong_cut_rate=0.1,
+                                                min_per_outcome=2)
+    report = replay_gate(steps, config, rollouts(2, 40), group_size=4, anchor_fraction=0.25, time_scale=CAP)
+    rows, total = report["steps"], report["total"]
+    assert not rows[0]["cutting"]  # no anchors have calibrated the gate yet: everything runs to its end
+    assert rows[0]["real_steps"] == rows[0]["real_steps_full"] == sum(t.length + WAIT_STEPS for t in steps[0])
+    assert all(r["anchors"] == 4 and r["cut"] <= 12 for r in rows)  # one anchor per group of 4, never cut
+    assert total["first_cutting_step"] == 2 and total["cut"] > 0
+    assert total["failures_cut_share"] > 0.5 and total["successes_cut_share"] < total["failures_cut_share"]
+    assert total["real_steps"] < total["real_steps_full"] and total["saving"] > 1.1
+
+
+def test_a_gate_stays_shut_while_no_success_has_been_seen():
+    rng = np.random.default_rng(3)
+    steps = [[rollout(rng, False) for _ in range(16)] for _ in range(3)]  # a task the policy never solves
+    report = replay_gate(steps, GateConfig(predictor="policy", min_per_outcome=2), [], 4, 0.25, CAP)
+    assert report["total"]["cut"] == 0 and report["total"]["saving"] == 1.0
+    assert report["total"]["first_cutting_step"] is None
+
+
+def test_the_gate_report_command_prints_and_writes_every_setting(tmp_path, capsys):
+    from minivla_wmrl.cli import main as cli
+    from minivla_wmrl.data.replay import write_replay
+
+    for k, step in enumerate(run_steps(5, 3), 1):
+        write_replay(tmp_path / "run" / f"step_{k:07d}.hdf5", step, f"grpo step {k}")
+    write_replay(tmp_path / "wm" / "collect.hdf5", rollouts(6, 40), "collect")
+    assert cli(["gate-report", str(tmp_path / "run"), "--replay", str(tmp_path / "wm"), "--predictor", "time",
+                "--min-steps", "16", "32", "--wrong-cut-rate", "0.1", "--time-scale", str(CAP),
+                "--json", str(tmp_path / "report.json")]) == 0
+    out = capsys.readouterr().out
+    assert "3 steps, 48 rollouts" in out and "| time | 16 | 2 | 0.1 |" in out and "| time | 32 | 2 | 0.1 |" in out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["extra"] == 40 and [r["gate"]["min_steps"] for r in report["reports"]] == [16, 32]
+    assert cli(["gate-report", str(tmp_path / "wm")]) == 1
+    assert "no step_*.hdf5 replay files" in capsys.readouterr().err
+    assert cli(["gate-report", str(tmp_path / "run"), "--wrong-cut-rate", "1.5"]) == 1
+    assert "wrong_cut_rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fraction", ["0", "1"])
+def test_the_gate_report_needs_non_anchors(tmp_path, capsys, fraction):
+    from minivla_wmrl.cli import main as cli
+    from minivla_wmrl.data.replay import write_replay
+
+    write_replay(tmp_path / "run" / "step_0000001.hdf5", rollouts(7, 8), "grpo step 1")
+    assert cli(["gate-report", str(tmp_path / "run"), "--anchor-fraction", fraction]) == 1
+    assert "--anchor-fraction" in capsys.readouterr().err
