@@ -33,7 +33,8 @@ def test_readme_headline_rows_are_the_committed_ablations():
 def test_readme_transfer_rows_are_the_committed_ablations():
     """The sparse arm on each task, from that task's committed ablation."""
     section = (ROOT / "README.md").read_text().split("**Does it transfer?")[1].split("\n\n**")[0]
-    for task, evidence in (("0", "ablation_rl_cpu.json"), ("28", "ablation_rl_cpu_t28.json")):
+    for task, evidence in (("0", "ablation_rl_cpu.json"), ("28", "ablation_rl_cpu_t28.json"),
+                           ("47", "ablation_rl_cpu_t47.json")):
         report = report_from_json(ROOT / "docs" / evidence)
         (sparse,) = [arm for arm in report["arms"] if arm["arm"] == "sparse"]
         (row,) = [line for line in section.splitlines() if line.startswith(f"| {task} (")]
