@@ -22,14 +22,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from envs.libero_env import NUM_WAIT_STEPS as WAIT_STEPS  # every reset's steps before the first query: real too
 from minivla_wmrl.data.replay import read_replay
 from minivla_wmrl.infra.config import check_config
 from minivla_wmrl.infra.outputs import write_json_output
 from minivla_wmrl.rl.anchors import pick_anchors
 from minivla_wmrl.rl.rollout import Trajectory
 from minivla_wmrl.train.gate import Gate, GateConfig, OutcomePredictor, cut_statistic, decision_steps
-
-WAIT_STEPS = 10  # the env steps of every reset before the first query (LIBERO's protocol), counted as real
 
 
 def first_cut(gate: Gate, probabilities: np.ndarray, trajectory: Trajectory) -> int:
