@@ -51,7 +51,14 @@ from minivla_wmrl.infra.config import (
 from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
 from minivla_wmrl.infra.run_checkpoint import read_json, recipe_differences
 from minivla_wmrl.infra.versions import run_versions
-from minivla_wmrl.pipeline import CONNECTED_GRPO_KEYS, Pipeline, PipelineRecipe, dry_run, grpo_variant
+from minivla_wmrl.pipeline import (
+    CONNECTED_GRPO_KEYS,
+    Pipeline,
+    PipelineRecipe,
+    connected_keys_set,
+    dry_run,
+    grpo_variant,
+)
 from minivla_wmrl.train.grpo import GRPORecipe, train_grpo, validate
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
@@ -158,10 +165,9 @@ def check_ablation(recipe: AblationRecipe) -> None:
         if bad:
             raise ValueError(f"ablation arm {arm.name!r}: seeds {bad} out of range; expected 0 <= seed < "
                              f"{SEED_LIMIT - stride} (its GRPO seed, seed + {stride}, must be < 2**32)")
-        keys = [o.split("=", 1)[0] for o in arm.overrides]
         # set by the ablation (out, seed) or the pipeline (the start and the tasks): an arm that set one
         # would silently run with the ablation's value instead
-        refused = [k for k in keys if any(k == r or k.startswith(r + ".") for r in CONNECTED_GRPO_KEYS)]
+        refused = connected_keys_set(arm.overrides)
         if refused:
             raise ValueError(f"ablation arm {arm.name!r} overrides {refused}: the ablation sets these for every "
                              f"cell ({', '.join(CONNECTED_GRPO_KEYS)}); use ablation.seeds, or change them in the "

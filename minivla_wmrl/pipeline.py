@@ -126,11 +126,16 @@ def gate_replay(grpo: GRPORecipe, wm: WMRecipe) -> None:
         grpo.gate.replay = [str(Path(wm.out) / "replay")]
 
 
+def connected_keys_set(overrides: list[str]) -> list[str]:
+    """The keys among `key=value` overrides that the pipeline sets for every GRPO run (`CONNECTED_GRPO_KEYS`)."""
+    keys = [o.split("=", 1)[0] for o in overrides]
+    return [k for k in keys if any(k == c or k.startswith(c + ".") for c in CONNECTED_GRPO_KEYS)]
+
+
 def grpo_variant(recipe: PipelineRecipe, overrides: list[str], out: Path, where: str) -> GRPORecipe:
     """The pipeline's GRPO section with `overrides`: another GRPO run from the same SFT checkpoint and
     world model (the wmrl stage, an ablation cell), writing to `out`."""
-    keys = [o.split("=", 1)[0] for o in overrides]
-    refused = [k for k in keys if any(k == c or k.startswith(c + ".") for c in CONNECTED_GRPO_KEYS)]
+    refused = connected_keys_set(overrides)
     if refused:
         raise ValueError(f"{where} overrides {refused}: the pipeline sets these for every GRPO run "
                          f"({', '.join(CONNECTED_GRPO_KEYS)}); change them in the recipe's grpo section or top level")
