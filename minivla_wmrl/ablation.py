@@ -17,7 +17,8 @@ checking that it ran the GRPO settings the recipe asks for now),
 `eval/sft/`, and `ablation.json` (the report and its evidence: every seed's episodes, real
 steps and training metrics, and the software versions), `ablation.md` and `ablation.png`
 (held-out success against cumulative real-simulator steps). `ablate --from-json ablation.json`
-recomputes the report from the evidence alone, so a committed JSON reproduces its tables.
+recomputes the report from the evidence alone, so a committed JSON reproduces its tables; given several
+(one per task), it prints one arm's effect on each task and their mean with an interval (`--arm`).
 
 Statistics treat the training seed as the unit (`statistics.seed_level_difference`).
 """
@@ -38,7 +39,14 @@ import numpy as np
 from minivla_wmrl.evaluation.compare import by_state, check_comparable, load_evaluation
 from minivla_wmrl.evaluation.evaluate import evaluate
 from minivla_wmrl.evaluation.plots import plot_ablation
-from minivla_wmrl.evaluation.statistics import RATE_BOUNDS, SEED_LEVEL_UNIT, mean_interval, rate, seed_level_difference
+from minivla_wmrl.evaluation.statistics import (
+    RATE_BOUNDS,
+    SEED_LEVEL_UNIT,
+    mean_interval,
+    pooled_over_tasks,
+    rate,
+    seed_level_difference,
+)
 from minivla_wmrl.infra.atomic import atomic_file
 from minivla_wmrl.infra.config import (
     RUNTIME,
@@ -483,11 +491,41 @@ def report_from_json(path: Path) -> dict:
     return summarize_ablation(data["evidence"])
 
 
+def pooled_table(reports: list[tuple[str, dict]], arm: str) -> str:
+    """One arm across several tasks' ablations (`(name, report)` each): a row per task against its own
+    SFT checkpoint, and their mean with `pooled_over_tasks`' interval (the tasks fixed)."""
+    rows, differences = [], []
+    for name, report in reports:
+        found = [a for a in report["arms"] if a["arm"] == arm]
+        if not found:
+            raise ValueError(f"{name} has no arm {arm!r}; its arms: {[a['arm'] for a in report['arms']]}")
+        (result,) = found
+        s = report["eval_settings"]
+        differences.append(result["vs_sft"])
+        rows.append(f"| {name} | {s['suite']} {s['tasks']} | {100 * report['sft']['success_rate']:.1f}% | "
+                    f"{100 * result['held_out']['mean']:.1f}% | {_seed_level(result['vs_sft'])} | "
+                    + ", ".join(f"{100 * x:.0f}%" for x in result["held_out_per_seed"]) + " |")
+    pooled = pooled_over_tasks(differences)
+    return "\n".join([
+        f"# Arm {arm} across {len(reports)} tasks' ablations, each against its own SFT checkpoint", "",
+        "| ablation | task | SFT | held out, mean over seeds | vs SFT, seed-level [95% CI] | per seed |",
+        "|---|---|---|---|---|---|", *rows,
+        f"| mean over the {len(reports)} tasks | | | | {100 * pooled['difference']:+.1f} {_pct(pooled['ci95'])}, "
+        f"p={pooled['p']:.2g} | |", "",
+        "The mean's interval adds the tasks' seed-level variances (t, Welch-Satterthwaite degrees of freedom): it is "
+        "about these tasks, held fixed, not about a task drawn from the suite.", ""])
+
+
 def main(args) -> None:
     if args.from_json:
         if args.recipe or args.overrides:
             raise ValueError("ablate --from-json recomputes a written report; it takes no recipe or overrides")
-        report = report_from_json(Path(args.from_json))
+        if len(args.from_json) > 1:
+            if args.out:
+                raise ValueError("ablate --out writes one report; with several --from-json it prints the pooled table")
+            print(pooled_table([(path, report_from_json(Path(path))) for path in args.from_json], args.arm))
+            return
+        report = report_from_json(Path(args.from_json[0]))
         if args.out:
             write_report(report, Path(args.out))
         else:

@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("recipe", nargs="?", help="pipeline recipe with an ablation: section, e.g. recipes/rl_cpu.yaml")
     ablate.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. ablation.seeds=[0,1]")
     ablate.add_argument("--parallel", type=int, default=1, help="(arm, seed) cells run at once (each its own envs)")
-    ablate.add_argument("--from-json", help="recompute the report from a written ablation.json's evidence")
+    ablate.add_argument("--from-json", nargs="+", help="recompute the report from a written ablation.json's "
+                        "evidence; several (one per task): --arm's effect on each task and their mean")
+    ablate.add_argument("--arm", default="sparse", help="with several --from-json: the arm pooled over tasks")
     ablate.add_argument("--out", help="with --from-json: write ablation.json/.md/.png here instead of printing")
     ablate.add_argument("--dry-run", action="store_true", help="validate the recipe and every arm's settings only")
     ablate.set_defaults(run=_main_of("minivla_wmrl.ablation"))

@@ -5,6 +5,7 @@ tested on the real LIBERO simulator in their own files."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -141,3 +142,17 @@ def test_the_real_step_ratio_interval_resamples_seeds():
     never = [[(50.0, 0.1), (100.0, 0.1)]] * 3
     assert real_step_ratio_interval(first, never, sft_success=0.1) == {"ci95": None, "reached_share": 0.0}
     assert real_step_ratio_interval(first[:1], faster, sft_success=0.1) is None  # one seed: no interval
+
+
+def test_several_reports_pool_one_arm_over_their_tasks(capsys):
+    """`ablate --from-json` given one committed ablation per task: a row per task and their mean."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    files = [str(docs / f) for f in ("ablation_rl_cpu.json", "ablation_rl_cpu_t28.json", "ablation_rl_cpu_t47.json")]
+    assert cli(["ablate", "--from-json", *files]) == 0
+    table = capsys.readouterr().out
+    assert all(f"| {f} | libero_90 [{t}] |" in table for f, t in zip(files, ("0", "28", "47")))
+    assert "| mean over the 3 tasks |" in table
+    assert cli(["ablate", "--from-json", *files, "--arm", "gated"]) == 1
+    assert "has no arm 'gated'" in capsys.readouterr().err
+    assert cli(["ablate", "--from-json", *files, "--out", "x"]) == 1
+    assert "writes one report" in capsys.readouterr().err

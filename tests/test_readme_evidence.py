@@ -46,6 +46,19 @@ def test_readme_transfer_rows_are_the_committed_ablations():
             assert expected in row, (task, expected, row)
 
 
+def test_readme_mean_over_tasks_is_the_committed_ablations_pooled():
+    from minivla_wmrl.ablation import pooled_table
+    from minivla_wmrl.evaluation.statistics import pooled_over_tasks
+
+    reports = [(f, report_from_json(ROOT / "docs" / f))
+               for f in ("ablation_rl_cpu.json", "ablation_rl_cpu_t28.json", "ablation_rl_cpu_t47.json")]
+    pooled = pooled_over_tasks([next(a for a in r["arms"] if a["arm"] == "sparse")["vs_sft"] for _, r in reports])
+    low, high = pooled["ci95"]
+    figure = f"{_points(pooled['difference'])} [{_points(low)}, {_points(high)}] (p = {pooled['p']:.2f}"
+    assert figure in " ".join((ROOT / "README.md").read_text().split()), figure
+    assert f"{100 * pooled['difference']:+.1f} [{100 * low:.1f}, {100 * high:.1f}]" in pooled_table(reports, "sparse")
+
+
 def test_the_gate_report_table_is_the_committed_replay():
     import json
 

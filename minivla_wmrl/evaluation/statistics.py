@@ -1,4 +1,5 @@
-"""Statistics for success rates: Wilson intervals, paired comparisons, seed-level differences, AUROC.
+"""Statistics for success rates: Wilson intervals, paired comparisons, seed-level differences (one task's
+and pooled over tasks), AUROC.
 
 A success rate without its interval proves nothing either way; a difference between two
 checkpoints is judged on the episodes they share (same task, init state and sampling seed), so
@@ -187,6 +188,34 @@ def seed_level_difference(a_by_seed: list[dict], b_by_seed: list[dict], confiden
     result.update(ci95=_clip(interval, (-1.0, 1.0)), se=se, df=df, p=p,
                   p_sign_flip=sign_flip_p([e["difference"] for e in per_seed]) if n_seeds <= 16 else None)
     return result
+
+
+def pooled_over_tasks(differences: list[dict], confidence: float = CONFIDENCE) -> dict:
+    """The mean of several tasks' seed-level differences (`seed_level_difference`, each from its own
+    ablation: its own SFT checkpoint, seeds and states), with a t interval whose standard error adds
+    the tasks' variances and whose degrees of freedom are Welch-Satterthwaite's.
+
+    The tasks are fixed, not sampled: the interval is about the average effect on *these* tasks
+    (is the recipe's effect over them positive?), not about a task drawn from the suite, which a
+    handful of tasks could not support. Every task needs a seed-level interval (≥ 2 seeds).
+    """
+    if not differences:
+        raise ValueError("pooling over tasks needs at least one task's seed-level difference")
+    missing = [i for i, d in enumerate(differences) if d.get("se") is None or d.get("df") is None]
+    if missing:
+        raise ValueError(f"task(s) {missing} have no seed-level interval (one seed?); pooling needs >= 2 seeds a task")
+    k = len(differences)
+    difference = float(np.mean([d["difference"] for d in differences]))
+    variances = np.array([d["se"] ** 2 for d in differences]) / k ** 2
+    se = float(math.sqrt(variances.sum()))
+    if se == 0:
+        return {"difference": difference, "tasks": k, "se": 0.0, "df": None, "p": 1.0 if difference == 0 else 0.0,
+                "ci95": [difference, difference]}
+    df = float(variances.sum() ** 2 / sum(v ** 2 / d["df"] for v, d in zip(variances, differences) if v > 0))
+    half = float(stats.t.ppf((1 + confidence) / 2, df)) * se
+    return {"difference": difference, "tasks": k, "se": se, "df": df,
+            "p": float(2 * stats.t.sf(abs(difference) / se, df)),
+            "ci95": _clip([difference - half, difference + half], (-1.0, 1.0))}
 
 
 def auroc(scores, labels) -> float:
