@@ -8,6 +8,7 @@ values, tracebacks, and traces left by refused runs."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 
@@ -325,3 +326,12 @@ def test_outputs_of_versions_before_marks_are_known_by_what_their_command_wrote(
     (tmp_path / "run" / "notes.txt").write_text("mine")
     with pytest.raises(OutputExistsError, match="notes.txt"):
         check_output_dir(tmp_path / "run", "pipeline")
+
+
+def test_a_directory_setting_takes_a_hub_repo_id_but_not_a_missing_path():
+    InputPath("dir").check("openvla/minivla", "policy.checkpoint")  # owner/name: downloaded when loaded
+    for missing in ("./openvla/minivla", "/no/such", "~/x/y", "a/b/c"):
+        with pytest.raises(FileNotFoundError, match=f"policy.checkpoint: {re.escape(missing)} does not exist"):
+            InputPath("dir").check(missing, "policy.checkpoint")
+    with pytest.raises(FileNotFoundError, match="expected a file"):
+        InputPath("file").check("openvla/minivla", "data.path")

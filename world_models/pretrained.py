@@ -15,13 +15,18 @@ import huggingface_hub
 from huggingface_hub import ModelCard, ModelHubMixin
 
 
+def is_hub_repo_id(name: str) -> bool:
+    """`owner/name` that is not spelled as a local path (relative `./`, absolute, `~`)."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
 def pretrained_directory(name_or_path: str | Path, kind: str, **hub_options) -> Path:
     """A local directory as it is; anything else is taken as a Hub repo id and downloaded (cached)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
     name = str(name_or_path)
-    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+    if path.exists() or not is_hub_repo_id(name):
         raise FileNotFoundError(f"{kind} {name}: no such directory (nor a Hub repo id of the form owner/name)")
     try:  # looked up when called (not imported by name), so that tests can stand in for the Hub
         return Path(huggingface_hub.snapshot_download(repo_id=name, **hub_options))

@@ -17,6 +17,8 @@ from typing import Annotated, Any, TypeVar
 
 import yaml
 
+from world_models.pretrained import is_hub_repo_id
+
 T = TypeVar("T")
 
 
@@ -56,7 +58,7 @@ class InputPath:
             if not item or item in self.names:
                 continue
             path = Path(item).expanduser()
-            hub_id = item.count("/") == 1 and not item.startswith((".", "/", "~"))
+            hub_id = is_hub_repo_id(item)
             if self.kind == "file" and path.is_dir():
                 raise IsADirectoryError(f"{where}: {item} is a directory; expected a file")
             if self.kind == "dir" and path.exists() and not path.is_dir():
