@@ -70,8 +70,9 @@ def test_gated_grpo_cuts_predicted_failures_and_keeps_real_outcomes(start, tmp_p
     original = trainer.rewards
 
     def rewards(batch, scores, calibrated):
-        batches.append((batch, r := original(batch, scores, calibrated), trainer.gate.threshold))
-        return r
+        r, real_labelled = original(batch, scores, calibrated)
+        batches.append((batch, r, real_labelled, trainer.gate.threshold))
+        return r, real_labelled
 
     trainer.rewards = rewards
     try:
@@ -81,7 +82,7 @@ def test_gated_grpo_cuts_predicted_failures_and_keeps_real_outcomes(start, tmp_p
         trainer.close()
     assert records[0]["cut_rollouts"] == 0 and records[0]["predictor_fit"] == 0.0
     assert sum(r["cut_rollouts"] for r in records) > 0
-    for (batch, reward, threshold), record in zip(batches, records):
+    for (batch, reward, real_labelled, threshold), record in zip(batches, records):
         cut = batch.cut()
         lengths = np.array([t.length for t in batch.trajectories])
         assert not (cut & batch.anchors).any()
@@ -89,8 +90,10 @@ def test_gated_grpo_cuts_predicted_failures_and_keeps_real_outcomes(start, tmp_p
                    for t, anchor in zip(batch.trajectories, batch.anchors) if anchor)
         assert (lengths[cut] == 8).all() and (reward[cut] < threshold + 1e-12).all()
         np.testing.assert_array_equal(reward[~cut], batch.outcomes[~cut])
+        np.testing.assert_array_equal(real_labelled, ~cut)  # every rollout that ran to its end gave its real label
         assert record["step_real_steps"] == lengths.sum()
         assert record["step_real_steps_full"] == lengths[batch.anchors].sum()
+    assert records[-1]["real_labels_used"] == sum(int((~b.cut()).sum()) for b, *_ in batches)
 
 
 def test_gated_grpo_resumes_exactly(start, tmp_path):  # noqa: F811

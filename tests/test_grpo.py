@@ -327,10 +327,10 @@ def test_truncated_execution_runs_anchors_to_the_cap_and_cuts_the_rest(envs, che
     batch.early = ~a & (np.arange(len(a)) == np.flatnonzero(~a)[0])
     batch.outcomes = np.where(a, [1.0, 0.0, 1.0, 0.0], 0.0) + batch.early
     calibrated, _ = trainer.corrections(batch, scores)
-    rewards = trainer.rewards(batch, scores, calibrated)
+    rewards, real_labelled = trainer.rewards(batch, scores, calibrated)
     _, log = trainer.advantages(batch, rewards)
     known = a | batch.early
-    assert np.array_equal(rewards[known], batch.outcomes[known])
+    assert np.array_equal(rewards[known], batch.outcomes[known]) and np.array_equal(real_labelled, known)
     assert np.allclose(rewards[~known], trainer.debiaser(scores[~known]))
     assert log["denoise_active"] == float(trainer.weighter.active)
     trainer.close()

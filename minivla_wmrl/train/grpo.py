@@ -681,25 +681,29 @@ class GRPOTrainer:
 
     # -- 4. rewards --------------------------------------------------------------------------------------
 
-    def rewards(self, batch: StepBatch, scores: np.ndarray, calibrated: np.ndarray | None) -> np.ndarray:
-        """Each rollout's reward by `reward_mode` (NaN: unlabelled, or an infrastructure failure)."""
+    def rewards(self, batch: StepBatch, scores: np.ndarray,
+                calibrated: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Each rollout's reward by `reward_mode` (NaN: unlabelled, or an infrastructure failure), and
+        which rollouts' real outcomes the step used (in a reward, or as a calibration pair)."""
         grpo, a, y = self.recipe.grpo, batch.anchors, batch.outcomes
         if grpo.reward_mode == "sparse":  # gated execution: a cut rollout's reward is the gate's prediction
-            rewards = y.copy() if batch.predicted is None else np.where(batch.cut(), batch.predicted, y)
+            real = np.ones_like(a) if batch.predicted is None else ~batch.cut()
+            rewards = y.copy() if batch.predicted is None else np.where(real, y, batch.predicted)
         elif grpo.reward_mode == "sparse_scarce":
-            rewards = np.where(a, y, np.nan)
+            real, rewards = a.copy(), np.where(a, y, np.nan)
         elif grpo.reward_mode == "dense_raw":
-            rewards = scores.copy()
+            real, rewards = np.zeros_like(a), scores.copy()
         elif batch.early is None:  # full execution: every score is of a whole trajectory
             anchor_value = {"calib": calibrated, "sparse": y, "mix": (2 * y + calibrated) / 3}[grpo.anchor_reward]
-            rewards = np.where(a, anchor_value, calibrated)
+            real, rewards = a.copy(), np.where(a, anchor_value, calibrated)
         else:  # truncated: what ran to its end keeps its real outcome; only cut rollouts get a prediction
-            rewards = np.where(a | batch.early, y, calibrated)
+            real = a | batch.early
+            rewards = np.where(real, y, calibrated)
         rewards = np.where(batch.valid, rewards, np.nan)
         if grpo.shuffle_rewards:
             rewards = shuffle_within_groups(rewards, batch.groups,
                                             np.random.default_rng([grpo.seed, self.step, SALT_SHUFFLED_REWARDS]))
-        return rewards
+        return rewards, real & batch.valid
 
     # -- 5. advantages -----------------------------------------------------------------------------------
 
@@ -824,7 +828,6 @@ class GRPOTrainer:
     def train_step(self) -> dict:
         """One GRPO step: rollouts → predictions → corrections → rewards → advantages → update, then
         world-model co-training on the anchors' real outcomes."""
-        grpo = self.recipe.grpo
         self.policy.eval()
         t0, before = time.perf_counter(), dict(self.counters)
         with full_parameters(self.policy):
@@ -833,7 +836,7 @@ class GRPOTrainer:
         t1 = time.perf_counter()
         inputs, scores = self.predictions(batch)
         calibrated, correction_log = self.corrections(batch, scores)
-        rewards = self.rewards(batch, scores, calibrated)
+        rewards, real_labelled = self.rewards(batch, scores, calibrated)
         advantages, advantage_log = self.advantages(batch, rewards)
         t2 = time.perf_counter()
         samples = self._samples(batch, advantages)
@@ -841,8 +844,7 @@ class GRPOTrainer:
         wm_loss = self.cotrain_world_model(batch, inputs)
         t3 = time.perf_counter()
         self.step += 1
-        if grpo.reward_mode != "dense_raw":
-            self.counters["real_labels_used"] += int(batch.anchors.sum())
+        self.counters["real_labels_used"] += int(real_labelled.sum())
         log = {**correction_log, **advantage_log, "samples": len(samples), **update, "wm_loss": wm_loss,
                "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2}
         return self._step_record(batch, scores, rewards, before, log)
