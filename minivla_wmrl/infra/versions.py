@@ -3,17 +3,22 @@
 A figure from a fresh install differs from the README's when a dependency range let a newer
 release in; with the versions beside each run, two runs can be told apart by what they ran
 with. `make setup` installs the exact versions of `constraints.txt` (the lock the README's
-figures were measured with).
+figures were measured with). The CPU thread count is recorded too: it changes the order of
+floating-point sums, so the same recipe and versions with another `OMP_NUM_THREADS` train other
+weights (on the CPU demo, another action tokenizer and SFT policy).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+import torch
 
 from minivla_wmrl.infra.atomic import atomic_file
 
@@ -34,11 +39,13 @@ def _git_commit() -> str | None:
 
 
 def run_versions() -> dict:
-    """Python, the platform, this package's commit and every installed distribution's version."""
+    """Python, the platform, this package's commit, every installed distribution's version and
+    torch's CPU threads (with the OMP_NUM_THREADS that set them, if any)."""
     packages = {dist.metadata["Name"].lower(): dist.version for dist in metadata.distributions()
                 if dist.metadata["Name"]}
     return {"python": platform.python_version(), "platform": platform.platform(), "executable": sys.executable,
-            "minivla_wmrl_commit": _git_commit(), "packages": dict(sorted(packages.items()))}
+            "minivla_wmrl_commit": _git_commit(), "torch_threads": torch.get_num_threads(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "packages": dict(sorted(packages.items()))}
 
 
 def record_versions(directory: Path) -> Path:
