@@ -16,7 +16,7 @@ def _points(x: float) -> str:
 
 def test_readme_headline_rows_are_the_committed_ablations():
     report = report_from_json(ROOT / "docs" / "ablation_rl_cpu.json")
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text().split("**Does RL help?")[1].split("\n\n**")[0]
     assert f"vs SFT ({100 * report['sft']['success_rate']:.1f}%)" in readme
     assert sorted(arm["arm"] for arm in report["arms"]) == sorted(ROWS)  # no arm missing, no stale row
     for arm in report["arms"]:
@@ -73,3 +73,29 @@ def test_the_gate_report_table_is_the_committed_replay():
     total = chosen["total"]
     assert total["real_steps_full"] / total["real_steps"] == total["saving"]
     assert f"{total['saving']:.2f}× against" in (ROOT / "docs" / "wmrl_grpo.md").read_text()
+
+
+def test_the_gated_ablation_rows_are_the_committed_ablation():
+    """README's and docs/wmrl_grpo.md's gated-execution rows, from docs/ablation_rl_cpu_t28.json."""
+    report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28.json")
+    arms = {arm["arm"]: arm for arm in report["arms"]}
+    sparse_per_step = arms["sparse"]["real_steps_per_grpo_step"]
+    readme = (ROOT / "README.md").read_text().split("**Does the world model save real execution?")[1]
+    docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### The deciding ablation")[1]
+    rows = {"sparse": ("| sparse GRPO |", "| sparse |"), "gated24": ("| gated, outcome probe |", "| gated24 ("),
+            "gated24_time": ("| gated, time alone |", "| gated24_time ("),
+            "truncated": ("| fixed-horizon truncation |", "| truncated (")}
+    for name, starts in rows.items():
+        arm = arms[name]
+        low, high = arm["vs_sft"]["ci95"]
+        expected = [f"| {len(arm['held_out_per_seed'])} |", f"{100 * arm['held_out']['mean']:.1f}%",
+                    ", ".join(f"{100 * s:.0f}" for s in arm["held_out_per_seed"]) + "%",
+                    f"{_points(arm['vs_sft']['difference'])} [{_points(low)}, {_points(high)}]",
+                    f"{arm['real_steps_per_grpo_step']:.0f}",
+                    f"{sparse_per_step / arm['real_steps_per_grpo_step']:.2f}×"]
+        for text, start in zip((readme, docs), starts):
+            (row,) = [line for line in text.splitlines() if line.startswith(start)]
+            for figure in expected:
+                assert figure in row, (name, figure, row)
+        (docs_row,) = [line for line in docs.splitlines() if line.startswith(starts[1])]
+        assert f"| {100 * arm['cut_share']:.0f}% |" in docs_row, (name, docs_row)
