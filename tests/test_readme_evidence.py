@@ -46,6 +46,17 @@ def test_readme_transfer_rows_are_the_committed_ablations():
             assert expected in row, (task, expected, row)
 
 
+def test_readme_shuffled_control_on_task_28_is_the_committed_ablation():
+    report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_shuffled.json")
+    (shuffled,) = [arm for arm in report["arms"] if arm["arm"] == "shuffled"]
+    low, high = shuffled["vs_sft"]["ci95"]
+    section = (ROOT / "README.md").read_text().split("**Does it transfer?")[1].split("\n\n**")[0]
+    (line,) = [line for line in section.splitlines() if line.startswith("- task 28:")]
+    assert f"{_points(shuffled['vs_sft']['difference'])} [{_points(low)}, {_points(high)}]" in line
+    assert f"{len(shuffled['held_out_per_seed'])} seeds (" + ", ".join(
+        f"{100 * s:.0f}" for s in shuffled["held_out_per_seed"]) + "%)" in line
+
+
 def test_readme_mean_over_tasks_is_the_committed_ablations_pooled():
     from minivla_wmrl.ablation import pooled_table
     from minivla_wmrl.evaluation.statistics import pooled_over_tasks
