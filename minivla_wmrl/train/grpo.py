@@ -686,9 +686,11 @@ class GRPOTrainer:
         """Each rollout's reward by `reward_mode` (NaN: unlabelled, or an infrastructure failure), and
         which rollouts' real outcomes the step used (in a reward, or as a calibration pair)."""
         grpo, a, y = self.recipe.grpo, batch.anchors, batch.outcomes
-        if grpo.reward_mode == "sparse":  # gated execution: a cut rollout's reward is the gate's prediction
-            real = np.ones_like(a) if batch.predicted is None else ~batch.cut()
-            rewards = y.copy() if batch.predicted is None else np.where(real, y, batch.predicted)
+        if grpo.reward_mode == "sparse" and batch.predicted is None:
+            real, rewards = np.ones_like(a), y.copy()
+        elif grpo.reward_mode == "sparse":  # gated execution: a cut rollout's reward is the gate's prediction
+            real = ~batch.cut()
+            rewards = np.where(real, y, batch.predicted)
         elif grpo.reward_mode == "sparse_scarce":
             real, rewards = a.copy(), np.where(a, y, np.nan)
         elif grpo.reward_mode == "dense_raw":
