@@ -16,7 +16,10 @@ Outputs under `OUT/ablation/`: one directory per cell (`<arm>/seed<s>/`: the GRP
 checking that it ran the GRPO settings the recipe asks for now),
 `eval/sft/`, and `ablation.json` (the report and its evidence: every seed's episodes, real
 steps and training metrics, and the software versions), `ablation.md` and `ablation.png`
-(held-out success against cumulative real-simulator steps). `ablate --from-json ablation.json`
+(held-out success against cumulative real-simulator steps). Each further evaluation protocol `P`
+in `protocols` (e.g. greedy decoding beside the recipe's sampled one) plays the same checkpoints
+and the SFT checkpoint into `eval_P/` directories, with its own report in `eval_P/ablation.json`;
+adding one to a finished ablation only evaluates. `ablate --from-json ablation.json`
 recomputes the report from the evidence alone, so a committed JSON reproduces its tables; given several
 (one per task), it prints one arm's effect on each task and their mean with an interval (`--arm`).
 
@@ -51,6 +54,7 @@ from minivla_wmrl.infra.atomic import atomic_file
 from minivla_wmrl.infra.config import (
     RUNTIME,
     Range,
+    apply_overrides,
     check_config,
     config_from_dict,
     load_recipe,
@@ -82,12 +86,21 @@ class Arm:
 
 
 @dataclass
+class Protocol:
+    """A further evaluation protocol: the recipe's `eval` section with these overrides."""
+
+    name: str  # a directory name: its evaluations go to `eval_<name>/`
+    overrides: list[str] = field(default_factory=list)  # `eval.key=value`s, e.g. ["eval.temperature=0"]
+
+
+@dataclass
 class AblationConfig:
     arms: list[Arm] = field(default_factory=list)  # the first arm is the one the others are compared with
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     paired_seeds: bool = False  # True: every arm uses the same GRPO seeds (common random numbers)
     # also evaluate checkpoints at multiples of this GRPO step (0: the final one only)
     eval_every: Annotated[int, Range(0)] = 0
+    protocols: list[Protocol] = field(default_factory=list)  # further protocols every evaluated checkpoint plays
 
 
 @dataclass
@@ -113,6 +126,35 @@ def cell_dir(recipe, arm: str, seed: int) -> Path:
     return Path(recipe.out) / "ablation" / arm / f"seed{seed}"
 
 
+def eval_dirname(protocol: Protocol | None) -> str:
+    """Where a protocol's evaluations go, in each cell and beside the arms: `eval` for the recipe's own."""
+    return "eval" if protocol is None else f"eval_{protocol.name}"
+
+
+def protocol_recipe(recipe, protocol: Protocol | None):
+    """The ablation recipe whose `eval` section is `protocol`'s (the recipe itself for its own)."""
+    if protocol is None:
+        return recipe
+    bad = [o for o in protocol.overrides if not o.startswith("eval.")]
+    if bad:
+        raise ValueError(f"ablation protocol {protocol.name!r} overrides {bad}: a protocol changes only the "
+                         "evaluation (eval.key=value); training settings belong to an arm")
+    return config_from_dict(AblationRecipe, apply_overrides(asdict(recipe), protocol.overrides),
+                            f"ablation protocol {protocol.name!r}")
+
+
+def protocols(recipe) -> list[Protocol | None]:
+    """Every evaluation protocol of the ablation: the recipe's own (None), then `ablation.protocols`."""
+    return [None, *recipe.ablation.protocols]
+
+
+def unevaluated(recipe, directory: Path) -> bool:
+    """Whether a finished cell has a checkpoint some further protocol has not fully evaluated yet."""
+    cell = json.loads((directory / "cell.json").read_text())
+    return any(not (directory / eval_dirname(p) / Path(e["eval_dir"]).name / "eval_info.json").exists()
+               for p in recipe.ablation.protocols for e in cell["evaluations"])
+
+
 def checkpoint_step(checkpoint: Path) -> int:
     """The GRPO step of a `checkpoints/step_N` directory."""
     return int(checkpoint.name.split("_")[1])
@@ -125,10 +167,25 @@ def evaluated_steps(checkpoints: list[Path], eval_every: int) -> list[Path]:
 
 
 def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
-    """Train one cell's GRPO run (resuming it if interrupted), evaluate its checkpoints, write cell.json."""
+    """Train one cell's GRPO run (resuming it if interrupted), evaluate its checkpoints, write cell.json;
+    then evaluate them with each further protocol (a finished cell only does that)."""
     recipe = config_from_dict(AblationRecipe, recipe_data, "ablation recipe")
-    pipeline = Pipeline(recipe)
     grpo = cell_recipe(recipe, arm_index, seed)
+    directory = Path(grpo.out)
+    cell = (json.loads((directory / "cell.json").read_text()) if (directory / "cell.json").exists()
+            else train_cell(recipe, grpo, recipe.ablation.arms[arm_index].name, seed))
+    for protocol in recipe.ablation.protocols:
+        pipeline = Pipeline(protocol_recipe(recipe, protocol))
+        for evaluation in cell["evaluations"]:
+            name = Path(evaluation["eval_dir"]).name
+            evaluate(pipeline.eval_config(directory / "checkpoints" / name, directory / eval_dirname(protocol) / name),
+                     progress=False)
+    return cell
+
+
+def train_cell(recipe, grpo, arm: str, seed: int) -> dict:
+    """One cell's GRPO run and its checkpoints' evaluations with the recipe's protocol, as cell.json."""
+    pipeline = Pipeline(recipe)
     directory = Path(grpo.out)
     start = time.perf_counter()
     train_grpo(grpo, progress=False)
@@ -142,7 +199,7 @@ def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
         evaluations.append({"step": step, "eval_dir": str(directory / "eval" / checkpoint.name),
                             "real_steps": by_step[step]["real_steps"], "real_episodes": by_step[step]["real_episodes"],
                             "success": info["overall"]})
-    cell = {"arm": recipe.ablation.arms[arm_index].name, "seed": seed, "grpo_seed": grpo.grpo.seed,
+    cell = {"arm": arm, "seed": seed, "grpo_seed": grpo.grpo.seed,
             "evaluations": evaluations, "train_success_first": metrics[0]["success_rate"],
             "train_success_last": metrics[-1]["success_rate"],
             "train_success_mean_last3": float(np.mean([m["success_rate"] for m in metrics[-3:]])),
@@ -161,9 +218,17 @@ def check_ablation(recipe: AblationRecipe) -> None:
     if not ablation.arms:
         raise ValueError("ablation.arms is empty; list the GRPO arms to compare (name + overrides)")
     names = [arm.name for arm in ablation.arms]
-    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_-]+", n)]
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9_-]+", n) or n == "eval" or n.startswith("eval_")]
     if bad or len(set(names)) != len(names):
-        raise ValueError(f"ablation arm names must be unique directory names ([A-Za-z0-9_-]); got {names}")
+        raise ValueError(f"ablation arm names must be unique directory names ([A-Za-z0-9_-]) other than 'eval' "
+                         f"and 'eval_*' (the evaluations' directories); got {names}")
+    protocol_names = [p.name for p in ablation.protocols]
+    if any(not re.fullmatch(r"[A-Za-z0-9_-]+", n) for n in protocol_names) or len(set(protocol_names)) != len(
+            protocol_names):
+        raise ValueError(f"ablation protocol names must be unique directory names ([A-Za-z0-9_-]); got "
+                         f"{protocol_names}")
+    for protocol in ablation.protocols:  # every protocol's overrides name real eval keys with valid values
+        Pipeline(protocol_recipe(recipe, protocol)).eval_config(Path(recipe.out), Path(recipe.out))
     for i, arm in enumerate(ablation.arms):
         seeds = arm_seeds(ablation, arm)
         if not seeds or len(set(seeds)) != len(seeds):
@@ -205,11 +270,16 @@ def run_ablation(recipe: AblationRecipe, parallel: int = 1) -> dict:
     start = time.perf_counter()
     pipeline.run(("demos", "vq", "sft", "wm"), skip_finished=True)
     create_output_dir(out, "ablate")
-    sft_eval = out / "eval" / "sft"
-    evaluate(pipeline.eval_config(Path(recipe.out) / "sft" / "final", sft_eval))
+    for protocol in protocols(recipe):
+        evals = out / eval_dirname(protocol)
+        if protocol is not None:  # the protocol's report goes beside its SFT evaluation
+            create_output_dir(evals, "ablate")
+        evaluate(Pipeline(protocol_recipe(recipe, protocol)).eval_config(Path(recipe.out) / "sft" / "final",
+                                                                         evals / "sft"))
     ablation = recipe.ablation
     todo = [(i, s) for i, arm in enumerate(ablation.arms) for s in arm_seeds(ablation, arm)
-            if not (cell_dir(recipe, arm.name, s) / "cell.json").exists()]
+            if not (cell_dir(recipe, arm.name, s) / "cell.json").exists()
+            or unevaluated(recipe, cell_dir(recipe, arm.name, s))]
     data = asdict(recipe)
     if parallel == 1:
         for i, s in todo:
@@ -219,11 +289,14 @@ def run_ablation(recipe: AblationRecipe, parallel: int = 1) -> dict:
         with ProcessPoolExecutor(parallel, mp_context=get_context("spawn")) as pool:
             for future in [pool.submit(run_cell, data, i, s) for i, s in todo]:
                 future.result()
-    evidence = collect_evidence(recipe, sft_eval)
-    report = summarize_ablation(evidence)
-    report["wall_s_this_invocation"] = time.perf_counter() - start
-    write_report(report, out)
-    return report
+    wall_s = time.perf_counter() - start
+    reports = {}
+    for protocol in protocols(recipe):
+        report = summarize_ablation(collect_evidence(recipe, protocol))
+        report["wall_s_this_invocation"] = wall_s
+        write_report(report, out if protocol is None else out / eval_dirname(protocol))
+        reports[None if protocol is None else protocol.name] = report
+    return reports[None] | {"protocols": {name: r for name, r in reports.items() if name is not None}}
 
 
 def write_report(report: dict, out: Path) -> None:
@@ -237,12 +310,12 @@ def write_report(report: dict, out: Path) -> None:
     print(ablation_table(report))
 
 
-def _read_cell(directory: Path) -> dict:
-    """A finished cell, each evaluation's success and episodes read from the evaluation on disk (the
-    episodes the paired comparisons use), not from the copy in cell.json."""
+def _read_cell(directory: Path, protocol: Protocol | None) -> dict:
+    """A finished cell, each evaluation's success and episodes read from the protocol's evaluation on
+    disk (the episodes the paired comparisons use), not from the copy in cell.json."""
     cell = json.loads((directory / "cell.json").read_text())
     for evaluation in cell["evaluations"]:  # where the cell directory is now, whatever the working directory
-        eval_dir = directory / "eval" / Path(evaluation.pop("eval_dir")).name
+        eval_dir = directory / eval_dirname(protocol) / Path(evaluation.pop("eval_dir")).name
         evaluation["success"] = json.loads((eval_dir / "eval_info.json").read_text())["overall"]
         evaluation["settings"], results = load_evaluation(eval_dir)
         evaluation["episodes"] = _episode_rows(results)
@@ -259,14 +332,16 @@ def _by_state(rows: list[list]) -> dict:
     return by_state({(task, trial, sample): bool(success) for task, trial, sample, success in rows})
 
 
-def collect_evidence(recipe, sft_eval: Path) -> dict:
+def collect_evidence(recipe, protocol: Protocol | None = None) -> dict:
     """Everything the report is computed from, as JSON: the SFT evaluation's episodes and, per arm
-    and seed, each evaluated checkpoint's episodes, real-simulator use and training metrics."""
+    and seed, each evaluated checkpoint's episodes (under `protocol`), real-simulator use and
+    training metrics."""
     ablation = recipe.ablation
+    sft_eval = Path(recipe.out) / "ablation" / eval_dirname(protocol) / "sft"
     sft_settings, sft_results = load_evaluation(sft_eval)
     arms = []
     for arm in ablation.arms:
-        cells = [_read_cell(cell_dir(recipe, arm.name, s)) for s in arm_seeds(ablation, arm)]
+        cells = [_read_cell(cell_dir(recipe, arm.name, s), protocol) for s in arm_seeds(ablation, arm)]
         for cell in cells:
             for evaluation in cell["evaluations"]:
                 check_comparable(sft_settings, evaluation.pop("settings"), str(sft_eval),
@@ -542,4 +617,6 @@ def main(args) -> None:
               f"task(s) {report['tasks']}")
         return
     run_ablation(recipe, args.parallel)
-    print(f"ablation: {Path(recipe.out) / 'ablation' / 'ablation.md'}")
+    out = Path(recipe.out) / "ablation"
+    for protocol in protocols(recipe):
+        print(f"ablation: {(out if protocol is None else out / eval_dirname(protocol)) / 'ablation.md'}")

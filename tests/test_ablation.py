@@ -110,6 +110,38 @@ def test_ablation_pairs_arms_on_held_out_states_and_resumes(recipe_path, capsys)
     assert [os.stat(c).st_mtime_ns for c in cells] == stamps
 
 
+def test_a_further_protocol_evaluates_a_finished_ablation_without_training(recipe_path, capsys):
+    path, out = recipe_path
+    if not (out / "ablation" / "ablation.json").exists():
+        assert cli(["ablate", str(path)]) == 0
+    cells = sorted((out / "ablation").glob("*/seed*/cell.json"))
+    checkpoints = sorted((out / "ablation").glob("*/seed*/checkpoints/step_*/*.safetensors"))
+    stamps = [os.stat(p).st_mtime_ns for p in cells + checkpoints]
+    greedy = yaml.safe_load(path.read_text())
+    greedy["ablation"]["protocols"] = [{"name": "greedy", "overrides": [
+        "eval.temperature=0", "eval.samples_per_state=1", "eval.init_states=validation"]}]
+    path.with_name("greedy.yaml").write_text(yaml.safe_dump(greedy))
+    capsys.readouterr()
+    assert cli(["ablate", str(path.with_name("greedy.yaml"))]) == 0
+    assert "eval_greedy/ablation.md" in capsys.readouterr().out
+    assert [os.stat(p).st_mtime_ns for p in cells + checkpoints] == stamps  # nothing trained again
+    sampled = json.loads((out / "ablation" / "ablation.json").read_text())
+    report = json.loads((out / "ablation" / "eval_greedy" / "ablation.json").read_text())
+    assert report["eval_settings"]["sampling"] == "greedy" and sampled["eval_settings"]["sampling"] != "greedy"
+    assert report["eval_settings"]["init_states"] == "validation"  # a recipe's eval section chooses its states
+    assert report["sft"]["trials"] == 4  # 4 init states, one greedy episode each
+    sparse, lr0 = report["arms"]
+    assert [p["step"] for p in sparse["curve"]] == [1, 2]  # every checkpoint the recipe's protocol evaluated
+    assert lr0["identical_to_sft"] == 4  # an unchanged policy repeats SFT's greedy episodes too
+    for arm, before in zip(report["arms"], sampled["arms"]):  # the training evidence is the same cells'
+        assert arm["real_steps"] == before["real_steps"] and arm["grpo_seeds"] == before["grpo_seeds"]
+    for cell in cells:
+        assert sorted(p.name for p in (cell.parent / "eval_greedy").iterdir()) == ["step_0000001", "step_0000002"]
+    capsys.readouterr()
+    assert cli(["ablate", "--from-json", str(out / "ablation" / "eval_greedy" / "ablation.json")]) == 0
+    assert capsys.readouterr().out.strip() == (out / "ablation" / "eval_greedy" / "ablation.md").read_text().strip()
+
+
 def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):
     path, out = recipe_path
     bad = yaml.safe_load(path.read_text())
@@ -119,6 +151,20 @@ def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):
     assert cli(["ablate", str(path.with_name("bad.yaml"))]) == 1
     assert "learning_rate" in capsys.readouterr().err
     assert not (out.parent / "bad" / "ablation").exists()
+    for protocols, expected in [([{"name": "p", "overrides": ["grpo.lr=0"]}], "training settings belong to an arm"),
+                                ([{"name": "p", "overrides": ["eval.temprature=0"]}], "temprature"),
+                                ([{"name": "a b", "overrides": []}], "protocol names")]:
+        bad["ablation"]["arms"] = [{"name": "sparse", "overrides": []}]
+        bad["ablation"]["protocols"] = protocols
+        path.with_name("bad.yaml").write_text(yaml.safe_dump(bad))
+        assert cli(["ablate", str(path.with_name("bad.yaml"))]) == 1
+        assert expected in capsys.readouterr().err
+        assert not (out.parent / "bad" / "ablation").exists()
+    bad["ablation"]["protocols"] = []
+    bad["ablation"]["arms"] = [{"name": "eval_greedy", "overrides": []}]  # where a protocol's evaluations go
+    path.with_name("bad.yaml").write_text(yaml.safe_dump(bad))
+    assert cli(["ablate", str(path.with_name("bad.yaml"))]) == 1
+    assert "other than 'eval'" in capsys.readouterr().err
 
 
 def test_steps_to_reach_interpolates_along_the_mean_curve():

@@ -98,6 +98,9 @@ class EvalProtocol(EnvSetup):
     videos_per_task: Annotated[int | None, Range(0)] = field(default=None, metadata=_help(
         "keep at most this many videos per task (the first trials)"))
     dtype: PolicyDtype = field(default="float32", metadata=_help("policy weights and compute dtype"))
+    init_states: Literal["published", "training", "validation"] = field(default="published", metadata=_help(
+        "the protocol's published init states, or RL's drawn training or validation states (trial i: the "
+        "i-th draw): how a policy does where GRPO trains and checks it, beside where it is tested"))
 
 
 @dataclass(kw_only=True)
@@ -110,9 +113,6 @@ class EvalConfig(EvalProtocol):
     tasks: list[str] = field(default_factory=list, metadata=_help(
         "task indices or names (default: every task of the suite)"))
     device: str = field(default="cpu", metadata=_help("torch device"))
-    init_states: Literal["published", "training", "validation"] = field(default="published", metadata=_help(
-        "the protocol's published init states, or RL's drawn training or validation states (trial i: the "
-        "i-th draw): how a policy does where GRPO trains and checks it, beside where it is tested"))
 
 
 HASH_PROGRESS_BYTES = 256 << 20  # checkpoints larger than this hash behind a progress bar (MiniVLA-1B: ~5 GB)

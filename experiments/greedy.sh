@@ -1,0 +1,21 @@
+#!/bin/bash
+# Issue 30, "report per task, greedy and sampled": the checkpoints of the three tasks' ablations
+# (experiments/transfer.sh and recipes/rl_cpu.yaml; task 0 with its controls) evaluated again with the
+# protocol's greedy decoding, on 50 drawn validation init states: disjoint from the states RL trains on and
+# from the published ones, and never seen by these runs (they have no guard). Only evaluates: every cell
+# is finished already. Reports: runs/rl_cpu*/ablation/eval_greedy/ablation.json. PARALLEL as transfer.sh.
+set -e
+cd "$(dirname "$0")/.."
+source .venv/bin/activate
+export MUJOCO_GL=egl
+SEEDS='ablation.seeds=[0,1,2,3,4]'
+GREEDY='ablation.protocols=[{name: greedy, overrides: ["eval.temperature=0", "eval.samples_per_state=1",
+  "eval.init_states=validation", "eval.first_trial=0", "eval.trials=50"]}]'
+SPARSE='{name: sparse, overrides: []}'
+SHUFFLED='{name: shuffled, overrides: ["grpo.shuffle_rewards=true"]}'
+ablate() { minivla-wmrl ablate recipes/rl_cpu.yaml "$SEEDS" "$GREEDY" "$@" --parallel ${PARALLEL:-2}; }
+ablate "ablation.arms=[$SPARSE, {name: lr0, overrides: [grpo.lr=0, grpo.steps=1], seeds: [0]}, $SHUFFLED]"
+ablate out=runs/rl_cpu_t28 'tasks=["28"]' 'demos.tasks=["28"]' \
+  "ablation.arms=[$SPARSE, {name: shuffled, seeds: [0, 1, 2], overrides: [grpo.shuffle_rewards=true]}]"
+ablate out=runs/rl_cpu_t47 'tasks=["47"]' 'demos.tasks=["47"]' grpo.grpo.max_real_steps=200 eval.max_steps=200 \
+  "ablation.arms=[$SPARSE]"
