@@ -3,7 +3,10 @@
 # (experiments/transfer.sh and recipes/rl_cpu.yaml; task 0 with its controls) evaluated again with the
 # protocol's greedy decoding, on 50 drawn validation init states: disjoint from the states RL trains on and
 # from the published ones, and never seen by these runs (they have no guard). Only evaluates: every cell
-# is finished already. Reports: runs/rl_cpu*/ablation/eval_greedy/ablation.json. PARALLEL as transfer.sh.
+# is finished already. Reports: runs/rl_cpu*/ablation/eval_greedy/ablation.json, and the sampled reports
+# (runs/rl_cpu*/ablation/ablation.json) with guarded rows: each seed's final checkpoint where it beat SFT
+# greedily on the validation states (exact McNemar p <= 0.05, the recipes' validation.accept_p), else SFT's.
+# PARALLEL as transfer.sh.
 set -e
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
@@ -13,7 +16,8 @@ GREEDY='ablation.protocols=[{name: greedy, overrides: ["eval.temperature=0", "ev
   "eval.init_states=validation", "eval.first_trial=0", "eval.trials=50"]}]'
 SPARSE='{name: sparse, overrides: []}'
 SHUFFLED='{name: shuffled, overrides: ["grpo.shuffle_rewards=true"]}'
-ablate() { minivla-wmrl ablate recipes/rl_cpu.yaml "$SEEDS" "$GREEDY" "$@" --parallel ${PARALLEL:-2}; }
+GUARD='ablation.guard_protocol=greedy'  # each report's guarded rows: the recipes' guard (accept_p 0.05) after the fact
+ablate() { minivla-wmrl ablate recipes/rl_cpu.yaml "$SEEDS" "$GREEDY" "$GUARD" "$@" --parallel ${PARALLEL:-2}; }
 ablate "ablation.arms=[$SPARSE, {name: lr0, overrides: [grpo.lr=0, grpo.steps=1], seeds: [0]}, $SHUFFLED]"
 ablate out=runs/rl_cpu_t28 'tasks=["28"]' 'demos.tasks=["28"]' \
   "ablation.arms=[$SPARSE, {name: shuffled, seeds: [0, 1, 2], overrides: [grpo.shuffle_rewards=true]}]"

@@ -72,6 +72,7 @@ from minivla_wmrl.pipeline import (
     grpo_variant,
 )
 from minivla_wmrl.train.grpo import GRPORecipe, train_grpo, validate
+from minivla_wmrl.train.validation import ValidationConfig, ValidationTracker
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
 SEED_LIMIT = 2**32  # GRPO seeds reach numpy: 0 <= seed < 2**32
@@ -101,6 +102,12 @@ class AblationConfig:
     # also evaluate checkpoints at multiples of this GRPO step (0: the final one only)
     eval_every: Annotated[int, Range(0)] = 0
     protocols: list[Protocol] = field(default_factory=list)  # further protocols every evaluated checkpoint plays
+    # GRPO's validation guard after the fact, with two candidates: on this protocol's episodes (one of
+    # `protocols`, e.g. greedy on validation states) a seed keeps its final checkpoint only where it beat
+    # SFT (exact McNemar p <= guard_p, as `validation.accept_p`), else SFT's; the report judges that
+    # choice on the recipe's own held-out protocol. "": no guarded rows.
+    guard_protocol: str = ""
+    guard_p: Annotated[float, Range(0, 1)] = 0.05
 
 
 @dataclass
@@ -227,6 +234,9 @@ def check_ablation(recipe: AblationRecipe) -> None:
             protocol_names):
         raise ValueError(f"ablation protocol names must be unique directory names ([A-Za-z0-9_-]); got "
                          f"{protocol_names}")
+    if ablation.guard_protocol and ablation.guard_protocol not in protocol_names:
+        raise ValueError(f"ablation.guard_protocol {ablation.guard_protocol!r} is not one of ablation.protocols "
+                         f"{protocol_names}: the guard chooses on a further protocol's episodes")
     for protocol in ablation.protocols:  # every protocol's overrides name real eval keys with valid values
         Pipeline(protocol_recipe(recipe, protocol)).eval_config(Path(recipe.out), Path(recipe.out))
     for i, arm in enumerate(ablation.arms):
@@ -290,9 +300,12 @@ def run_ablation(recipe: AblationRecipe, parallel: int = 1) -> dict:
             for future in [pool.submit(run_cell, data, i, s) for i, s in todo]:
                 future.result()
     wall_s = time.perf_counter() - start
+    evidence = {None if p is None else p.name: collect_evidence(recipe, p) for p in protocols(recipe)}
+    if ablation.guard_protocol:
+        evidence[None]["guard"] = guard_evidence(evidence[ablation.guard_protocol], ablation.guard_p)
     reports = {}
     for protocol in protocols(recipe):
-        report = summarize_ablation(collect_evidence(recipe, protocol))
+        report = summarize_ablation(evidence[None if protocol is None else protocol.name])
         report["wall_s_this_invocation"] = wall_s
         write_report(report, out if protocol is None else out / eval_dirname(protocol))
         reports[None if protocol is None else protocol.name] = report
@@ -357,6 +370,35 @@ def collect_evidence(recipe, protocol: Protocol | None = None) -> dict:
             "versions": run_versions()}
 
 
+def guard_evidence(protocol_evidence: dict, accept_p: float) -> dict:
+    """What the after-the-fact guard chooses from: the guard protocol's SFT episodes and each seed's
+    final-checkpoint episodes under it."""
+    return {"protocol": protocol_evidence["eval_settings"], "accept_p": accept_p,
+            "sft": protocol_evidence["sft"]["episodes"],
+            "arms": {entry["arm"]: [c["evaluations"][-1]["episodes"] for c in entry["cells"]]
+                     for entry in protocol_evidence["arms"]}}
+
+
+def guarded_arms(guard: dict, sft: dict, finals: dict[str, list[dict]]) -> list[dict]:
+    """Per arm, each seed's checkpoint chosen by the validation guard's rule (`ValidationTracker`) on
+    the guard protocol's episodes, SFT's or its final, and that choice judged on the held-out episodes
+    (`sft`, `finals`: by state, the report's protocol)."""
+    start = _by_state(guard["sft"])
+    rows = []
+    for arm, checks in guard["arms"].items():
+        kept = []
+        for episodes in checks:
+            tracker = ValidationTracker(ValidationConfig(accept_p=guard["accept_p"], early_stop=False))
+            tracker.update(0, start)
+            kept.append(tracker.update(1, _by_state(episodes))["val_improved"])
+        chosen = [final if keep else sft for final, keep in zip(finals[arm], kept)]
+        per_seed = [float(np.mean(list(c.values()))) for c in chosen]
+        rows.append({"arm": arm, "kept": kept, "held_out_per_seed": per_seed,
+                     "held_out": mean_interval(per_seed, bounds=RATE_BOUNDS),
+                     "vs_sft": seed_level_difference([sft] * len(chosen), chosen)})
+    return rows
+
+
 def summarize_ablation(evidence: dict) -> dict:
     """Per arm, from the evidence alone (so anyone can recompute it from the JSON): held-out success
     per seed and over seeds, seed-level paired differences to SFT and to the first arm (the training
@@ -403,9 +445,12 @@ def summarize_ablation(evidence: dict) -> dict:
     for entry in arms[1:]:  # on the seed indices both arms ran
         shared = min(len(finals[first]), len(finals[entry["arm"]]))
         entry["vs_first_arm"] = seed_level_difference(finals[first][:shared], finals[entry["arm"]][:shared])
-    return {"sft": evidence["sft"]["overall"], "eval_settings": evidence["eval_settings"], "arms": arms,
-            "first_arm": first, "seeding": evidence["seeding"], "grpo": evidence["grpo"],
-            "statistics_unit": SEED_LEVEL_UNIT, "evidence": evidence}
+    report = {"sft": evidence["sft"]["overall"], "eval_settings": evidence["eval_settings"], "arms": arms,
+              "first_arm": first, "seeding": evidence["seeding"], "grpo": evidence["grpo"],
+              "statistics_unit": SEED_LEVEL_UNIT, "evidence": evidence}
+    if "guard" in evidence:
+        report["guarded"] = guarded_arms(evidence["guard"], sft, finals)
+    return report
 
 
 def _auroc_over_seeds(cells: list[dict]) -> dict | None:
@@ -520,6 +565,18 @@ def ablation_table(report: dict) -> str:
               "Per seed, its checkpoint against SFT (exact McNemar on the discordant episodes: valid for one "
               "checkpoint against one):", ""]
     lines += [f"- {arm['arm']}: {_per_seed_mcnemar(arm['vs_sft'])}" for arm in report["arms"]]
+    if "guarded" in report:
+        g = report["evidence"]["guard"]
+        lines += ["", f"Guarded: GRPO's validation guard after the fact. On the guard protocol's episodes "
+                  f"({g['protocol']['init_states']} init states {g['protocol']['first_trial']}.."
+                  f"{g['protocol']['first_trial'] + g['protocol']['trials'] - 1}, {g['protocol']['sampling']}) "
+                  f"a seed keeps its final checkpoint only where it beat SFT (exact McNemar p <= {g['accept_p']}), "
+                  "else SFT's; that choice judged on the held-out episodes above.", "",
+                  "| arm, guarded | final kept | held-out success, mean over seeds [95% t] | per seed | "
+                  "vs SFT, seed-level [95% CI] |", "|---|---|---|---|---|"]
+        lines += [f"| {row['arm']} | {sum(row['kept'])}/{len(row['kept'])} | {100 * row['held_out']['mean']:.1f}% "
+                  f"{_pct(row['held_out']['ci95'])} | " + ", ".join(f"{100 * x:.0f}%" for x in row["held_out_per_seed"])
+                  + f" | {_seed_level(row['vs_sft'])} |" for row in report["guarded"]]
     lines += ["", f"Real-simulator cost, measured: steps the envs executed. Ratio: real steps {first_arm} needs to "
               f"reach its final held-out success over the steps the arm needs to reach it (mean curves, linear between "
               "evaluated checkpoints, SFT at 0 steps; > 1: cheaper); its interval resamples each arm's seeds "
@@ -566,12 +623,15 @@ def report_from_json(path: Path) -> dict:
     return summarize_ablation(data["evidence"])
 
 
-def pooled_table(reports: list[tuple[str, dict]], arm: str) -> str:
+def pooled_table(reports: list[tuple[str, dict]], arm: str, guarded: bool = False) -> str:
     """One arm across several tasks' ablations (`(name, report)` each): a row per task against its own
-    SFT checkpoint, and their mean with `pooled_over_tasks`' interval (the tasks fixed)."""
+    SFT checkpoint, and their mean with `pooled_over_tasks`' interval (the tasks fixed). `guarded`:
+    the arm's guarded rows."""
     rows, differences = [], []
     for name, report in reports:
-        found = [a for a in report["arms"] if a["arm"] == arm]
+        if guarded and "guarded" not in report:
+            raise ValueError(f"{name} has no guarded rows; its ablation needs ablation.guard_protocol")
+        found = [a for a in report["guarded" if guarded else "arms"] if a["arm"] == arm]
         if not found:
             raise ValueError(f"{name} has no arm {arm!r}; its arms: {[a['arm'] for a in report['arms']]}")
         (result,) = found
@@ -582,7 +642,8 @@ def pooled_table(reports: list[tuple[str, dict]], arm: str) -> str:
                     + ", ".join(f"{100 * x:.0f}%" for x in result["held_out_per_seed"]) + " |")
     pooled = pooled_over_tasks(differences)
     return "\n".join([
-        f"# Arm {arm} across {len(reports)} tasks' ablations, each against its own SFT checkpoint", "",
+        f"# Arm {arm}{', guarded,' if guarded else ''} across {len(reports)} tasks' ablations, each against its own "
+        "SFT checkpoint", "",
         "| ablation | task | SFT | held out, mean over seeds | vs SFT, seed-level [95% CI] | per seed |",
         "|---|---|---|---|---|---|", *rows,
         f"| mean over the {len(reports)} tasks | | | | {100 * pooled['difference']:+.1f} {_pct(pooled['ci95'])}, "
@@ -598,7 +659,8 @@ def main(args) -> None:
         if len(args.from_json) > 1:
             if args.out:
                 raise ValueError("ablate --out writes one report; with several --from-json it prints the pooled table")
-            print(pooled_table([(path, report_from_json(Path(path))) for path in args.from_json], args.arm))
+            print(pooled_table([(path, report_from_json(Path(path))) for path in args.from_json], args.arm,
+                               args.guarded))
             return
         report = report_from_json(Path(args.from_json[0]))
         if args.out:

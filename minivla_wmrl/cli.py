@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--from-json", nargs="+", help="recompute the report from a written ablation.json's "
                         "evidence; several (one per task): --arm's effect on each task and their mean")
     ablate.add_argument("--arm", default="sparse", help="with several --from-json: the arm pooled over tasks")
+    ablate.add_argument("--guarded", action="store_true", help="with several --from-json: pool the arm's guarded "
+                        "rows (ablation.guard_protocol)")
     ablate.add_argument("--out", help="with --from-json: write ablation.json/.md/.png here instead of printing")
     ablate.add_argument("--dry-run", action="store_true", help="validate the recipe and every arm's settings only")
     ablate.set_defaults(run=_main_of("minivla_wmrl.ablation"))

@@ -120,6 +120,7 @@ def test_a_further_protocol_evaluates_a_finished_ablation_without_training(recip
     greedy = yaml.safe_load(path.read_text())
     greedy["ablation"]["protocols"] = [{"name": "greedy", "overrides": [
         "eval.temperature=0", "eval.samples_per_state=1", "eval.init_states=validation"]}]
+    greedy["ablation"]["guard_protocol"], greedy["ablation"]["guard_p"] = "greedy", 1.0  # any gain is kept
     path.with_name("greedy.yaml").write_text(yaml.safe_dump(greedy))
     capsys.readouterr()
     assert cli(["ablate", str(path.with_name("greedy.yaml"))]) == 0
@@ -141,6 +142,24 @@ def test_a_further_protocol_evaluates_a_finished_ablation_without_training(recip
     assert cli(["ablate", "--from-json", str(out / "ablation" / "eval_greedy" / "ablation.json")]) == 0
     assert capsys.readouterr().out.strip() == (out / "ablation" / "eval_greedy" / "ablation.md").read_text().strip()
 
+    # the guard after the fact: a seed keeps its final checkpoint where it beat SFT greedily, else SFT's
+    sampled = json.loads((out / "ablation" / "ablation.json").read_text())
+    assert "guarded" not in report and [row["arm"] for row in sampled["guarded"]] == ["sparse", "lr0"]
+    for row, arm, checked in zip(sampled["guarded"], sampled["arms"], report["arms"]):
+        assert row["kept"] == [s > report["sft"]["success_rate"] for s in checked["held_out_per_seed"]]
+        assert row["held_out_per_seed"] == [final if keep else sampled["sft"]["success_rate"]
+                                            for final, keep in zip(arm["held_out_per_seed"], row["kept"])]
+        for keep, seed in zip(row["kept"], row["vs_sft"]["per_seed"]):
+            assert keep or seed["gained"] == seed["lost"] == 0  # SFT kept: its own episodes
+    assert sampled["guarded"][1]["kept"] == [False]  # lr 0 repeats SFT's episodes: nothing to keep
+    assert "| sparse | " in (out / "ablation" / "ablation.md").read_text().split("Guarded")[1]
+    both = [str(out / "ablation" / "ablation.json")] * 2
+    assert cli(["ablate", "--from-json", *both, "--guarded"]) == 0
+    assert "guarded, across 2 tasks" in capsys.readouterr().out
+    assert cli(["ablate", "--from-json", *[str(out / "ablation" / "eval_greedy" / "ablation.json")] * 2,
+                "--guarded"]) == 1
+    assert "no guarded rows" in capsys.readouterr().err
+
 
 def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):
     path, out = recipe_path
@@ -153,14 +172,16 @@ def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):
     assert not (out.parent / "bad" / "ablation").exists()
     for protocols, expected in [([{"name": "p", "overrides": ["grpo.lr=0"]}], "training settings belong to an arm"),
                                 ([{"name": "p", "overrides": ["eval.temprature=0"]}], "temprature"),
-                                ([{"name": "a b", "overrides": []}], "protocol names")]:
+                                ([{"name": "a b", "overrides": []}], "protocol names"),
+                                ([], "guard_protocol")]:
+        bad["ablation"]["guard_protocol"] = "" if protocols else "greedy"
         bad["ablation"]["arms"] = [{"name": "sparse", "overrides": []}]
         bad["ablation"]["protocols"] = protocols
         path.with_name("bad.yaml").write_text(yaml.safe_dump(bad))
         assert cli(["ablate", str(path.with_name("bad.yaml"))]) == 1
         assert expected in capsys.readouterr().err
         assert not (out.parent / "bad" / "ablation").exists()
-    bad["ablation"]["protocols"] = []
+    bad["ablation"]["protocols"], bad["ablation"]["guard_protocol"] = [], ""
     bad["ablation"]["arms"] = [{"name": "eval_greedy", "overrides": []}]  # where a protocol's evaluations go
     path.with_name("bad.yaml").write_text(yaml.safe_dump(bad))
     assert cli(["ablate", str(path.with_name("bad.yaml"))]) == 1
