@@ -253,3 +253,8 @@ def test_the_recorded_renderer_does_not_depend_on_whether_an_env_was_built_first
     assert done.returncode == 0, done.stderr
     first, after = json.loads(done.stdout.strip().splitlines()[-1])
     assert first == after == {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl"}
+    # ... and a record written before that fix (no PYOPENGL_PLATFORM yet) reads as the renderer the envs set up
+    from minivla_wmrl.evaluation.evaluate import setting
+    legacy = {"renderer": {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": None}}
+    assert setting(legacy, "renderer") == first
+    assert setting({"renderer": {"MUJOCO_GL": "osmesa", "PYOPENGL_PLATFORM": None}}, "renderer") != first

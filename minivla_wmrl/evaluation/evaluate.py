@@ -139,7 +139,11 @@ SETTING_DEFAULTS = {"center_crop": False, "init_states": "published"}
 
 
 def setting(recorded: dict, key: str):
-    return recorded.get(key, SETTING_DEFAULTS.get(key))
+    value = recorded.get(key, SETTING_DEFAULTS.get(key))
+    if key == "renderer" and isinstance(value, dict) and value.get("PYOPENGL_PLATFORM") is None:
+        # recorded before `renderer()` called `prepare_gl`, which every env worker calls all the same
+        value = {**value, "PYOPENGL_PLATFORM": value.get("MUJOCO_GL")}
+    return value
 
 
 def renderer() -> dict:
