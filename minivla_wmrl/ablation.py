@@ -150,6 +150,16 @@ def protocol_recipe(recipe, protocol: Protocol | None):
                             f"ablation protocol {protocol.name!r}")
 
 
+def protocol_config(recipe, protocol: Protocol | None):
+    """One checkpoint's evaluation settings under `protocol` (suite, tasks and images connected)."""
+    out = Path(recipe.out) / "ablation"
+    return Pipeline(protocol_recipe(recipe, protocol)).eval_config(out, out / eval_dirname(protocol))
+
+
+def trial_range(config) -> range:
+    return range(config.first_trial, config.first_trial + config.trials)
+
+
 def protocols(recipe) -> list[Protocol | None]:
     """Every evaluation protocol of the ablation: the recipe's own (None), then `ablation.protocols`."""
     return [None, *recipe.ablation.protocols]
@@ -238,7 +248,16 @@ def check_ablation(recipe: AblationRecipe) -> None:
         raise ValueError(f"ablation.guard_protocol {ablation.guard_protocol!r} is not one of ablation.protocols "
                          f"{protocol_names}: the guard chooses on a further protocol's episodes")
     for protocol in ablation.protocols:  # every protocol's overrides name real eval keys with valid values
-        Pipeline(protocol_recipe(recipe, protocol)).eval_config(Path(recipe.out), Path(recipe.out))
+        protocol_config(recipe, protocol).check(f"ablation protocol {protocol.name!r}")
+    if ablation.guard_protocol:  # the guard chooses on episodes the held-out judgement never plays
+        (guard,) = [p for p in ablation.protocols if p.name == ablation.guard_protocol]
+        held_out, chosen_on = protocol_config(recipe, None), protocol_config(recipe, guard)
+        if held_out.init_states == chosen_on.init_states and \
+                set(trial_range(held_out)) & set(trial_range(chosen_on)):
+            raise ValueError(f"ablation.guard_protocol {guard.name!r} plays {chosen_on.init_states} init states "
+                             f"{trial_range(chosen_on)} and the held-out protocol plays some of them "
+                             f"({trial_range(held_out)}): a guard that chooses on the episodes that judge its choice "
+                             "flatters it; give it eval.init_states=validation (or other trials)")
     for i, arm in enumerate(ablation.arms):
         seeds = arm_seeds(ablation, arm)
         if not seeds or len(set(seeds)) != len(seeds):
@@ -282,10 +301,19 @@ def run_ablation(recipe: AblationRecipe, parallel: int = 1) -> dict:
     create_output_dir(out, "ablate")
     for protocol in protocols(recipe):
         evals = out / eval_dirname(protocol)
-        if protocol is not None:  # the protocol's report goes beside its SFT evaluation
-            create_output_dir(evals, "ablate")
-        evaluate(Pipeline(protocol_recipe(recipe, protocol)).eval_config(Path(recipe.out) / "sft" / "final",
-                                                                         evals / "sft"))
+        if protocol is None:
+            evaluate(pipeline.eval_config(Path(recipe.out) / "sft" / "final", evals / "sft"))
+            continue
+        create_output_dir(evals, "ablate")  # the protocol's report goes beside its SFT evaluation
+        try:
+            evaluate(Pipeline(protocol_recipe(recipe, protocol)).eval_config(Path(recipe.out) / "sft" / "final",
+                                                                             evals / "sft"))
+        except ValueError as error:
+            if "other settings" not in str(error):
+                raise
+            raise ValueError(f"ablation protocol {protocol.name!r} was evaluated with other settings than its "
+                             f"overrides give now ({error}); restore them, name the protocol anew, or delete "
+                             f"{evals} and the cells' {eval_dirname(protocol)}/ to evaluate it again") from None
     ablation = recipe.ablation
     todo = [(i, s) for i, arm in enumerate(ablation.arms) for s in arm_seeds(ablation, arm)
             if not (cell_dir(recipe, arm.name, s) / "cell.json").exists()
@@ -376,16 +404,20 @@ def guard_evidence(protocol_evidence: dict, accept_p: float) -> dict:
     return {"protocol": protocol_evidence["eval_settings"], "accept_p": accept_p,
             "sft": protocol_evidence["sft"]["episodes"],
             "arms": {entry["arm"]: [c["evaluations"][-1]["episodes"] for c in entry["cells"]]
-                     for entry in protocol_evidence["arms"]}}
+                     for entry in protocol_evidence["arms"]},
+            "seeds": {entry["arm"]: [c["seed"] for c in entry["cells"]] for entry in protocol_evidence["arms"]}}
 
 
-def guarded_arms(guard: dict, sft: dict, finals: dict[str, list[dict]]) -> list[dict]:
+def guarded_arms(guard: dict, sft: dict, finals: dict[str, list[dict]], seeds: dict[str, list[int]]) -> list[dict]:
     """Per arm, each seed's checkpoint chosen by the validation guard's rule (`ValidationTracker`) on
     the guard protocol's episodes, SFT's or its final, and that choice judged on the held-out episodes
-    (`sft`, `finals`: by state, the report's protocol)."""
+    (`sft`, `finals`: by state, the report's protocol; `seeds`: each arm's, in the order of `finals`)."""
     start = _by_state(guard["sft"])
     rows = []
     for arm, checks in guard["arms"].items():
+        if guard["seeds"][arm] != seeds[arm]:
+            raise ValueError(f"the guard's evidence for arm {arm!r} holds seeds {guard['seeds'][arm]}, the held-out "
+                             f"evidence {seeds[arm]}: they must be the same cells")
         kept = []
         for episodes in checks:
             tracker = ValidationTracker(ValidationConfig(accept_p=guard["accept_p"], early_stop=False))
@@ -449,7 +481,7 @@ def summarize_ablation(evidence: dict) -> dict:
               "first_arm": first, "seeding": evidence["seeding"], "grpo": evidence["grpo"],
               "statistics_unit": SEED_LEVEL_UNIT, "evidence": evidence}
     if "guard" in evidence:
-        report["guarded"] = guarded_arms(evidence["guard"], sft, finals)
+        report["guarded"] = guarded_arms(evidence["guard"], sft, finals, {a["arm"]: a["seeds"] for a in arms})
     return report
 
 
@@ -656,6 +688,9 @@ def main(args) -> None:
     if args.from_json:
         if args.recipe or args.overrides:
             raise ValueError("ablate --from-json recomputes a written report; it takes no recipe or overrides")
+        if args.guarded and len(args.from_json) == 1:
+            raise ValueError("ablate --guarded pools the guarded rows of several --from-json reports; one report's "
+                             "table shows its guarded rows already")
         if len(args.from_json) > 1:
             if args.out:
                 raise ValueError("ablate --out writes one report; with several --from-json it prints the pooled table")
@@ -668,6 +703,9 @@ def main(args) -> None:
         else:
             print(ablation_table(report))
         return
+    if args.guarded:
+        raise ValueError("ablate --guarded goes with several --from-json reports; a recipe's guarded rows come from "
+                         "ablation.guard_protocol")
     if not args.recipe:
         raise ValueError("ablate needs a recipe (e.g. recipes/rl_cpu.yaml), or --from-json ablation.json")
     recipe = load_recipe(AblationRecipe, Path(args.recipe), args.overrides)

@@ -156,9 +156,40 @@ def test_a_further_protocol_evaluates_a_finished_ablation_without_training(recip
     both = [str(out / "ablation" / "ablation.json")] * 2
     assert cli(["ablate", "--from-json", *both, "--guarded"]) == 0
     assert "guarded, across 2 tasks" in capsys.readouterr().out
+    assert cli(["ablate", "--from-json", both[0]]) == 0  # the main report, guarded rows included, recomputes
+    assert capsys.readouterr().out.strip() == (out / "ablation" / "ablation.md").read_text().strip()
+    assert cli(["ablate", "--from-json", both[0], "--guarded"]) == 1
+    assert "several --from-json" in capsys.readouterr().err
     assert cli(["ablate", "--from-json", *[str(out / "ablation" / "eval_greedy" / "ablation.json")] * 2,
                 "--guarded"]) == 1
     assert "no guarded rows" in capsys.readouterr().err
+
+    # an interrupted protocol evaluation is finished on the next run, still without training
+    unfinished = sorted((out / "ablation").glob("sparse/seed1/eval_greedy/step_*/eval_info.json"))[-1]
+    unfinished.unlink()
+    assert cli(["ablate", str(path.with_name("greedy.yaml"))]) == 0
+    assert unfinished.exists() and [os.stat(p).st_mtime_ns for p in cells + checkpoints] == stamps
+    assert json.loads((out / "ablation" / "eval_greedy" / "ablation.json").read_text())["arms"][0][
+        "held_out_per_seed"] == sparse["held_out_per_seed"]
+
+
+def test_the_guard_keeps_a_final_checkpoint_only_past_its_significance_level():
+    from minivla_wmrl.ablation import guarded_arms
+
+    def rows(successes):  # episode rows [task, trial, sample, success] on 20 states
+        return [[0, trial, 0, int(trial < successes)] for trial in range(20)]
+
+    sft_held_out = {((0, t), 0): t < 5 for t in range(20)}
+    finals = {"sparse": [{((0, t), 0): t < 12 for t in range(20)}, {((0, t), 0): t < 6 for t in range(20)}]}
+    # on the guard's episodes seed 0 gains 9 of 20 states (McNemar p = 0.004), seed 1 gains 2 (p = 0.5)
+    guard = {"sft": rows(4), "arms": {"sparse": [rows(13), rows(6)]}, "seeds": {"sparse": [0, 1]}}
+    strict, loose = (guarded_arms(guard | {"accept_p": p}, sft_held_out, finals, {"sparse": [0, 1]})[0]
+                     for p in (0.05, 1.0))
+    assert strict["kept"] == [True, False] and loose["kept"] == [True, True]
+    assert strict["held_out_per_seed"] == [0.6, 0.25]  # seed 1 falls back to SFT's held-out episodes
+    assert loose["held_out_per_seed"] == [0.6, 0.3]
+    with pytest.raises(ValueError, match="must be the same cells"):
+        guarded_arms(guard | {"accept_p": 0.05}, sft_held_out, finals, {"sparse": [0, 2]})
 
 
 def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):
@@ -173,8 +204,12 @@ def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):
     for protocols, expected in [([{"name": "p", "overrides": ["grpo.lr=0"]}], "training settings belong to an arm"),
                                 ([{"name": "p", "overrides": ["eval.temprature=0"]}], "temprature"),
                                 ([{"name": "a b", "overrides": []}], "protocol names"),
-                                ([], "guard_protocol")]:
-        bad["ablation"]["guard_protocol"] = "" if protocols else "greedy"
+                                ([], "guard_protocol"),
+                                ([{"name": "g", "overrides": ["eval.temperature=0"]}], "greedy samples"),
+                                ([{"name": "g", "overrides": ["eval.temperature=0", "eval.samples_per_state=1"]}],
+                                 "flatters it")]:
+        bad["ablation"]["guard_protocol"] = "g" if protocols and protocols[0]["name"] == "g" else (
+            "" if protocols else "greedy")
         bad["ablation"]["arms"] = [{"name": "sparse", "overrides": []}]
         bad["ablation"]["protocols"] = protocols
         path.with_name("bad.yaml").write_text(yaml.safe_dump(bad))

@@ -102,6 +102,14 @@ class EvalProtocol(EnvSetup):
         "the protocol's published init states, or RL's drawn training or validation states (trial i: the "
         "i-th draw): how a policy does where GRPO trains and checks it, beside where it is tested"))
 
+    def check(self, where: str = "eval settings") -> None:
+        """Refuse settings that cannot run, before anything is written."""
+        check_config(self, where)
+        if self.samples_per_state > 1 and self.temperature <= 0:
+            raise ValueError(f"{where}: samples_per_state {self.samples_per_state}: expected 1, or K > 1 with a "
+                             "temperature > 0 (greedy samples would all be the same episode)")
+        self.check_pool()
+
 
 @dataclass(kw_only=True)
 class EvalConfig(EvalProtocol):
@@ -289,12 +297,8 @@ def markdown_table(info: dict) -> str:
 
 def evaluate(config: EvalConfig, progress: bool = True) -> dict:
     start = time.perf_counter()
-    check_config(config, "eval settings")  # before anything is written: a refused evaluation leaves no trace
+    config.check()  # before anything is written: a refused evaluation leaves no trace
     check_input_paths(config, "eval settings")
-    if config.samples_per_state > 1 and config.temperature <= 0:
-        raise ValueError(f"samples_per_state {config.samples_per_state}: expected 1, or K > 1 with a temperature > 0 "
-                         "(greedy samples would all be the same episode)")
-    config.check_pool()
     check_output_dir(Path(config.out), "eval")
     if config.suite == GYM:  # tasks are env ids; trial i resets with seed i
         if not config.tasks:
