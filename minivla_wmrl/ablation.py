@@ -160,6 +160,26 @@ def trial_range(config) -> range:
     return range(config.first_trial, config.first_trial + config.trials)
 
 
+def shares_states(a, b) -> bool:
+    """Whether two evaluation settings play some of the same init states."""
+    return a.init_states == b.init_states and bool(set(trial_range(a)) & set(trial_range(b)))
+
+
+def guard_of(recipe) -> Protocol | None:
+    return next((p for p in recipe.ablation.protocols if p.name == recipe.ablation.guard_protocol), None)
+
+
+def judged_with_guard(recipe) -> list[Protocol | None]:
+    """The protocols whose reports get guarded rows: the recipe's own, and every further one that plays
+    none of the guard's states (a choice judged on the episodes it was made on would flatter it)."""
+    guard = guard_of(recipe)
+    if guard is None:
+        return []
+    chosen_on = protocol_config(recipe, guard)
+    return [p for p in protocols(recipe) if p is None or p is not guard
+            and not shares_states(protocol_config(recipe, p), chosen_on)]
+
+
 def protocols(recipe) -> list[Protocol | None]:
     """Every evaluation protocol of the ablation: the recipe's own (None), then `ablation.protocols`."""
     return [None, *recipe.ablation.protocols]
@@ -250,10 +270,9 @@ def check_ablation(recipe: AblationRecipe) -> None:
     for protocol in ablation.protocols:  # every protocol's overrides name real eval keys with valid values
         protocol_config(recipe, protocol).check(f"ablation protocol {protocol.name!r}")
     if ablation.guard_protocol:  # the guard chooses on episodes the held-out judgement never plays
-        (guard,) = [p for p in ablation.protocols if p.name == ablation.guard_protocol]
+        guard = guard_of(recipe)
         held_out, chosen_on = protocol_config(recipe, None), protocol_config(recipe, guard)
-        if held_out.init_states == chosen_on.init_states and \
-                set(trial_range(held_out)) & set(trial_range(chosen_on)):
+        if shares_states(held_out, chosen_on):
             raise ValueError(f"ablation.guard_protocol {guard.name!r} plays {chosen_on.init_states} init states "
                              f"{trial_range(chosen_on)} and the held-out protocol plays some of them "
                              f"({trial_range(held_out)}): a guard that chooses on the episodes that judge its choice "
@@ -329,8 +348,9 @@ def run_ablation(recipe: AblationRecipe, parallel: int = 1) -> dict:
                 future.result()
     wall_s = time.perf_counter() - start
     evidence = {None if p is None else p.name: collect_evidence(recipe, p) for p in protocols(recipe)}
-    if ablation.guard_protocol:
-        evidence[None]["guard"] = guard_evidence(evidence[ablation.guard_protocol], ablation.guard_p)
+    for protocol in judged_with_guard(recipe):
+        evidence[None if protocol is None else protocol.name]["guard"] = guard_evidence(
+            evidence[ablation.guard_protocol], ablation.guard_p)
     reports = {}
     for protocol in protocols(recipe):
         report = summarize_ablation(evidence[None if protocol is None else protocol.name])

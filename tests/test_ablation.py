@@ -119,7 +119,8 @@ def test_a_further_protocol_evaluates_a_finished_ablation_without_training(recip
     stamps = [os.stat(p).st_mtime_ns for p in cells + checkpoints]
     greedy = yaml.safe_load(path.read_text())
     greedy["ablation"]["protocols"] = [{"name": "greedy", "overrides": [
-        "eval.temperature=0", "eval.samples_per_state=1", "eval.init_states=validation"]}]
+        "eval.temperature=0", "eval.samples_per_state=1", "eval.init_states=validation"]},
+        {"name": "greedy_pub", "overrides": ["eval.temperature=0", "eval.samples_per_state=1"]}]
     greedy["ablation"]["guard_protocol"], greedy["ablation"]["guard_p"] = "greedy", 1.0  # any gain is kept
     path.with_name("greedy.yaml").write_text(yaml.safe_dump(greedy))
     capsys.readouterr()
@@ -137,7 +138,8 @@ def test_a_further_protocol_evaluates_a_finished_ablation_without_training(recip
     for arm, before in zip(report["arms"], sampled["arms"]):  # the training evidence is the same cells'
         assert arm["real_steps"] == before["real_steps"] and arm["grpo_seeds"] == before["grpo_seeds"]
     for cell in cells:
-        assert sorted(p.name for p in (cell.parent / "eval_greedy").iterdir()) == ["step_0000001", "step_0000002"]
+        for evals in ("eval_greedy", "eval_greedy_pub"):
+            assert sorted(p.name for p in (cell.parent / evals).iterdir()) == ["step_0000001", "step_0000002"]
     capsys.readouterr()
     assert cli(["ablate", "--from-json", str(out / "ablation" / "eval_greedy" / "ablation.json")]) == 0
     assert capsys.readouterr().out.strip() == (out / "ablation" / "eval_greedy" / "ablation.md").read_text().strip()
@@ -145,6 +147,8 @@ def test_a_further_protocol_evaluates_a_finished_ablation_without_training(recip
     # the guard after the fact: a seed keeps its final checkpoint where it beat SFT greedily, else SFT's
     sampled = json.loads((out / "ablation" / "ablation.json").read_text())
     assert "guarded" not in report and [row["arm"] for row in sampled["guarded"]] == ["sparse", "lr0"]
+    published = json.loads((out / "ablation" / "eval_greedy_pub" / "ablation.json").read_text())
+    assert published["guarded"][0]["kept"] == sampled["guarded"][0]["kept"]  # one choice, judged by each protocol
     for row, arm, checked in zip(sampled["guarded"], sampled["arms"], report["arms"]):
         assert row["kept"] == [s > report["sft"]["success_rate"] for s in checked["held_out_per_seed"]]
         assert row["held_out_per_seed"] == [final if keep else sampled["sft"]["success_rate"]
