@@ -110,3 +110,39 @@ def test_the_gated_ablation_rows_are_the_committed_ablation():
                 assert figure in row, (name, figure, row)
         (docs_row,) = [line for line in docs.splitlines() if line.startswith(starts[1])]
         assert f"| {100 * arm['cut_share']:.0f}% |" in docs_row, (name, docs_row)
+
+
+def test_readme_greedy_rows_are_the_committed_ablations():
+    """Sparse GRPO greedily on validation states per task, their mean, the controls, and the guard's choices."""
+    from minivla_wmrl.evaluation.statistics import pooled_over_tasks
+
+    section = (ROOT / "README.md").read_text().split("**Greedy and sampled")[1].split("\n\n**")[0]
+    reports = []
+    for task, evidence in (("0", "ablation_rl_cpu"), ("28", "ablation_rl_cpu_t28"), ("47", "ablation_rl_cpu_t47")):
+        report = report_from_json(ROOT / "docs" / f"{evidence}_greedy.json")
+        reports.append((task, report))
+        settings = report["eval_settings"]
+        assert settings["sampling"] == "greedy" and settings["init_states"] == "validation"
+        arms = {arm["arm"]: arm for arm in report["arms"]}
+        (row,) = [line for line in section.splitlines() if line.startswith(f"| {task} |")]
+        sparse = arms["sparse"]
+        low, high = sparse["vs_sft"]["ci95"]
+        for figure in (f"| {100 * report['sft']['success_rate']:.1f}% |",
+                       f"| {100 * sparse['held_out']['mean']:.1f}% |",
+                       f"{_points(sparse['vs_sft']['difference'])} [{_points(low)}, {_points(high)}]",
+                       ", ".join(f"{100 * s:.0f}" for s in sparse["held_out_per_seed"]) + "%"):
+            assert figure in row, (task, figure, row)
+        if "shuffled" in arms:
+            control = arms["shuffled"]["vs_sft"]
+            assert f"{_points(control['difference'])} [{_points(control['ci95'][0])}, {_points(control['ci95'][1])}]" \
+                in row, (task, row)
+    pooled = pooled_over_tasks([next(a for a in r["arms"] if a["arm"] == "sparse")["vs_sft"] for _, r in reports])
+    (row,) = [line for line in section.splitlines() if line.startswith("| mean over the 3 tasks |")]
+    low, high = pooled["ci95"]
+    assert f"**{_points(pooled['difference'])} [{_points(low)}, {_points(high)}]**, p = {pooled['p']:.2g}" in row
+    for evidence in ("ablation_rl_cpu.json", "ablation_rl_cpu_t28_shuffled.json", "ablation_rl_cpu_t47.json"):
+        report = report_from_json(ROOT / "docs" / evidence)
+        guard = report["evidence"]["guard"]
+        assert guard["accept_p"] == 0.05 and guard["protocol"]["sampling"] == "greedy"
+        (sparse,) = [row for row in report["guarded"] if row["arm"] == "sparse"]
+        assert sparse["kept"] == [False] * 5  # "kept SFT for all 15 seeds"
