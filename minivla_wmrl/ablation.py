@@ -153,7 +153,14 @@ def protocol_recipe(recipe, protocol: Protocol | None):
 def protocol_config(recipe, protocol: Protocol | None):
     """One checkpoint's evaluation settings under `protocol` (suite, tasks and images connected)."""
     out = Path(recipe.out) / "ablation"
-    return Pipeline(protocol_recipe(recipe, protocol)).eval_config(out, out / eval_dirname(protocol))
+    if protocol is None:
+        return Pipeline(recipe).eval_config(out, out / eval_dirname(protocol))
+    variant = protocol_recipe(recipe, protocol)
+    try:
+        pipeline = Pipeline(variant)
+    except ValueError as error:  # e.g. an override of what the pipeline connects (eval.image_convention)
+        raise ValueError(f"ablation protocol {protocol.name!r}: {error}") from None
+    return pipeline.eval_config(out, out / eval_dirname(protocol))
 
 
 def trial_range(config) -> range:

@@ -210,6 +210,8 @@ def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):
                                 ([{"name": "a b", "overrides": []}], "protocol names"),
                                 ([], "guard_protocol"),
                                 ([{"name": "g", "overrides": ["eval.temperature=0"]}], "greedy samples"),
+                                ([{"name": "p", "overrides": ["eval.image_convention=openvla"]}],
+                                 "ablation protocol 'p': the pipeline recipe sets eval.image_convention"),
                                 ([{"name": "g", "overrides": ["eval.temperature=0", "eval.samples_per_state=1"]}],
                                  "flatters it")]:
         bad["ablation"]["guard_protocol"] = "g" if protocols and protocols[0]["name"] == "g" else (
