@@ -150,17 +150,21 @@ def protocol_recipe(recipe, protocol: Protocol | None):
                             f"ablation protocol {protocol.name!r}")
 
 
-def protocol_config(recipe, protocol: Protocol | None):
-    """One checkpoint's evaluation settings under `protocol` (suite, tasks and images connected)."""
-    out = Path(recipe.out) / "ablation"
+def protocol_pipeline(recipe, protocol: Protocol | None) -> Pipeline:
+    """The pipeline whose `eval_config` is `protocol`'s (suite, tasks and images connected)."""
     if protocol is None:
-        return Pipeline(recipe).eval_config(out, out / eval_dirname(protocol))
+        return Pipeline(recipe)
     variant = protocol_recipe(recipe, protocol)
     try:
-        pipeline = Pipeline(variant)
+        return Pipeline(variant)
     except ValueError as error:  # e.g. an override of what the pipeline connects (eval.image_convention)
         raise ValueError(f"ablation protocol {protocol.name!r}: {error}") from None
-    return pipeline.eval_config(out, out / eval_dirname(protocol))
+
+
+def protocol_config(recipe, protocol: Protocol | None):
+    """One (any) checkpoint's evaluation settings under `protocol`: what it plays, for checks."""
+    out = Path(recipe.out) / "ablation"
+    return protocol_pipeline(recipe, protocol).eval_config(out, out / eval_dirname(protocol))
 
 
 def trial_range(config) -> range:
@@ -219,7 +223,7 @@ def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
     cell = (json.loads((directory / "cell.json").read_text()) if (directory / "cell.json").exists()
             else train_cell(recipe, grpo, recipe.ablation.arms[arm_index].name, seed))
     for protocol in recipe.ablation.protocols:
-        pipeline = Pipeline(protocol_recipe(recipe, protocol))
+        pipeline = protocol_pipeline(recipe, protocol)
         for evaluation in cell["evaluations"]:
             name = Path(evaluation["eval_dir"]).name
             evaluate(pipeline.eval_config(directory / "checkpoints" / name, directory / eval_dirname(protocol) / name),
@@ -332,8 +336,7 @@ def run_ablation(recipe: AblationRecipe, parallel: int = 1) -> dict:
             continue
         create_output_dir(evals, "ablate")  # the protocol's report goes beside its SFT evaluation
         try:
-            evaluate(Pipeline(protocol_recipe(recipe, protocol)).eval_config(Path(recipe.out) / "sft" / "final",
-                                                                             evals / "sft"))
+            evaluate(protocol_pipeline(recipe, protocol).eval_config(Path(recipe.out) / "sft" / "final", evals / "sft"))
         except ValueError as error:
             if "other settings" not in str(error):
                 raise
