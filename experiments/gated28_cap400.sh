@@ -12,13 +12,11 @@ set -e
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
 export MUJOCO_GL=egl
-R=runs/rl_cpu_t28
-REPLAY="[$R/wm/replay, $R/ablation/sparse/seed0/replay, $R/ablation/sparse/seed1/replay, $R/ablation/sparse/seed2/replay, $R/ablation/sparse/seed3/replay]"
+source experiments/gate28_settings.sh  # R, GATE24: the same gate as gated28.sh's gated24 arms
 CAP="grpo.max_real_steps=400, grpo.save_every=5"
-GATE="$CAP, grpo.execution=gated, grpo.anchor_fraction=0.25, 'gate.replay=$REPLAY', gate.min_steps=24, gate.patience=1, gate.wrong_cut_rate=0.2"
 SEEDS=${SEEDS:-[0, 1, 2]}
 ARMS="{name: sparse400, seeds: $SEEDS, overrides: [$CAP]}, \
-{name: gated400, seeds: $SEEDS, overrides: [$GATE, gate.predictor=policy]}, \
-{name: gated400_time, seeds: $SEEDS, overrides: [$GATE, gate.predictor=time]}"
+{name: gated400, seeds: $SEEDS, overrides: [$CAP, $GATE24, gate.predictor=policy]}, \
+{name: gated400_time, seeds: $SEEDS, overrides: [$CAP, $GATE24, gate.predictor=time]}"
 minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' ablation.eval_every=5 \
   "ablation.arms=[$ARMS]" --parallel ${PARALLEL:-2} "$@"
