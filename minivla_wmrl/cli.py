@@ -104,12 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--arm", default="sparse", help="with several --from-json: the arm pooled over tasks")
     ablate.add_argument("--guarded", action="store_true", help="with several --from-json: pool the arm's guarded "
                         "rows (ablation.guard_protocol)")
+    ablate.add_argument("--merge", action="store_true", help="with several --from-json of one ablation (e.g. "
+                        "sessions that ran other seeds): one report of all their cells, a cell run twice checked equal")
     ablate.add_argument("--out", help="with --from-json: write ablation.json/.md/.png here instead of printing")
     ablate.add_argument("--dry-run", action="store_true", help="validate the recipe and every arm's settings only")
     ablate.set_defaults(run=_main_of("minivla_wmrl.ablation"))
 
     probe = commands.add_parser("probe-report", help="held-out AUROC of the final outcome by prefix length: the "
-                                "outcome probe vs time only vs the privileged-state probe, on replay episodes")
+                                "outcome probe (policy signals, with proprioception) vs time only vs the "
+                                "privileged-state probe, on replay episodes")
     probe.add_argument("replay", nargs="+", help="replay files or directories (OUT/replay of wm or grpo)")
     probe.add_argument("--steps", nargs="+", type=int, default=[16, 32, 48, 64], help="cut points (env steps)")
     probe.add_argument("--test-fraction", type=float, default=0.3, help="episodes held out for the AUROC")
@@ -125,10 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("run_replay", help="the OUT/replay directory of a full-execution (e.g. sparse) GRPO run")
     gate.add_argument("--replay", nargs="+", help="more real-labelled episodes the predictor starts from "
                       "(e.g. the wm stage's OUT/replay), as gate.replay")
-    gate.add_argument("--predictor", nargs="+", default=["policy"], choices=["policy", "privileged", "time"])
+    gate.add_argument("--predictor", nargs="+", default=["policy"],
+                      choices=["policy", "proprio", "privileged", "time"])
     gate.add_argument("--min-steps", nargs="+", type=int, default=[32])
     gate.add_argument("--patience", nargs="+", type=int, default=[2])
     gate.add_argument("--wrong-cut-rate", nargs="+", type=float, default=[0.05])
+    gate.add_argument("--min-per-outcome", type=int, default=4, help="successes and failures among the recent "
+                      "anchors before any cut, as gate.min_per_outcome")
     gate.add_argument("--anchor-fraction", type=float, default=0.25, help="anchors per group, as grpo.anchor_fraction")
     gate.add_argument("--group-size", type=int, default=4, help="consecutive rollouts of a step that form a group "
                       "(rollouts_per_task / init_states_per_step under grouping: init_state)")

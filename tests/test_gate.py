@@ -61,11 +61,14 @@ def gated(start, out, **grpo):  # noqa: F811
     return recipe
 
 
-def test_gated_grpo_cuts_predicted_failures_and_keeps_real_outcomes(start, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("predictor", ["policy", "proprio"])
+def test_gated_grpo_cuts_predicted_failures_and_keeps_real_outcomes(start, tmp_path, predictor):  # noqa: F811
     """Step 1 runs everything (no predictor yet); once fit on the replay store and calibrated on
     anchors it scored unseen, the gate cuts non-anchors after their first chunk; a cut rollout's
     reward is the gate's prediction, below the threshold; anchors always run to their end."""
-    trainer = GRPOTrainer(gated(start, tmp_path), progress=False)
+    recipe = gated(start, tmp_path)
+    recipe.gate.predictor = predictor
+    trainer = GRPOTrainer(recipe, progress=False)
     records, batches = [], []
     original = trainer.rewards
 

@@ -60,12 +60,13 @@ def test_the_gate_report_command_prints_and_writes_every_setting(tmp_path, capsy
         write_replay(tmp_path / "run" / f"step_{k:07d}.hdf5", step, f"grpo step {k}")
     write_replay(tmp_path / "wm" / "collect.hdf5", rollouts(6, 40), "collect")
     assert cli(["gate-report", str(tmp_path / "run"), "--replay", str(tmp_path / "wm"), "--predictor", "time",
-                "--min-steps", "16", "32", "--wrong-cut-rate", "0.1", "--time-scale", str(CAP),
-                "--json", str(tmp_path / "report.json")]) == 0
+                "--min-steps", "16", "32", "--wrong-cut-rate", "0.1", "--min-per-outcome", "3",
+                "--time-scale", str(CAP), "--json", str(tmp_path / "report.json")]) == 0
     out = capsys.readouterr().out
     assert "3 steps, 48 rollouts" in out and "| time | 16 | 2 | 0.1 |" in out and "| time | 32 | 2 | 0.1 |" in out
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["extra"] == 40 and [r["gate"]["min_steps"] for r in report["reports"]] == [16, 32]
+    assert {r["gate"]["min_per_outcome"] for r in report["reports"]} == {3}
     assert cli(["gate-report", str(tmp_path / "wm")]) == 1
     assert "no step_*.hdf5 replay files" in capsys.readouterr().err
     assert cli(["gate-report", str(tmp_path / "run"), "--wrong-cut-rate", "1.5"]) == 1

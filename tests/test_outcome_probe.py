@@ -6,16 +6,18 @@ import json
 import numpy as np
 import pytest
 
-from minivla_wmrl.evaluation.prefix_auroc import auroc_by_prefix, prediction_at, prefix_report, probe_episode, time_only
+from minivla_wmrl.evaluation.prefix_auroc import (auroc_by_prefix, prediction_at, prefix_report, prefix_table,
+                                                  probe_episode, time_only)
 from minivla_wmrl.rl.rollout import EpisodeSpec, Trajectory
 from world_models.outcome_probe import OutcomeProbe, fit_outcome_probe, policy_signals
 
 CAP, CHUNK = 120, 8
 
 
-def rollout(rng, success: bool, planted: bool = True) -> Trajectory:
+def rollout(rng, success: bool, planted: bool = True, reach: bool = False) -> Trajectory:
     """Successes end by step ~64 and their gripper closes from the third query on (when `planted`);
-    failures run to the cap. The privileged state holds the object height, rising for successes."""
+    failures run to the cap. The privileged state holds the object height, rising for successes; the
+    proprioception (3 dims) holds the hand's approach, steady for successes when `reach`."""
     length = int(rng.integers(56, 72)) if success else CAP
     steps = np.arange(0, length, CHUNK)
     q = len(steps)
@@ -28,12 +30,14 @@ def rollout(rng, success: bool, planted: bool = True) -> Trajectory:
                       final_frame=None, token_ids=np.zeros((q, 7), np.int64),
                       log_probs=rng.normal(-1, 0.2, (q, 7)).astype(np.float32), query_steps=steps,
                       executed=np.full(q, CHUNK), actions=actions,
+                      proprio=np.cumsum(rng.normal(0.02 if success and reach else 0.0, 0.01, (q, 3)), axis=0,
+                                        dtype=np.float32),
                       privileged=np.stack([height, rng.normal(0, 1, q)], axis=1).astype(np.float32))
 
 
-def rollouts(seed: int, n: int, planted: bool = True) -> list[Trajectory]:
+def rollouts(seed: int, n: int, planted: bool = True, reach: bool = False) -> list[Trajectory]:
     rng = np.random.default_rng(seed)
-    return [rollout(rng, bool(k % 2), planted) for k in range(n)]
+    return [rollout(rng, bool(k % 2), planted, reach) for k in range(n)]
 
 
 def test_policy_signals_are_confidence_chunk_norm_change_and_gripper():
@@ -68,6 +72,34 @@ def test_a_planted_signal_is_found_from_a_prefix_and_the_baselines_behave():
 def test_without_a_signal_held_out_auroc_stays_near_chance():
     report = prefix_report(rollouts(2, 60, planted=False), rollouts(3, 40, planted=False), [48], time_scale=CAP)
     assert 0.25 < report["rows"][0]["probe_running"] < 0.75
+    assert 0.25 < report["rows"][0]["proprio_running"] < 0.75
+
+
+def test_the_proprioceptive_probe_reads_what_the_policy_signals_lack():
+    report = prefix_report(rollouts(9, 60, planted=False, reach=True), rollouts(10, 40, planted=False, reach=True),
+                           [48], time_scale=CAP)
+    row = report["rows"][0]
+    assert row["proprio_running"] > 0.85 and 0.25 < row["probe_running"] < 0.75
+    episode = probe_episode(rollouts(9, 1)[0], "proprio")
+    assert episode.features.shape[1] == 5 + 3  # the policy signals, then the proprioception
+
+
+def test_episodes_without_proprioception_serve_the_other_probes_and_name_what_is_missing(tmp_path):
+    import h5py
+
+    from minivla_wmrl.data.replay import read_replay, write_replay
+
+    write_replay(tmp_path / "old.hdf5", rollouts(11, 40), "collect")
+    with h5py.File(tmp_path / "old.hdf5", "a") as f:  # as written before proprioception was recorded
+        for item in f["episodes"].values():
+            del item["proprio"]
+    old = read_replay([tmp_path / "old.hdf5"])
+    assert all(t.proprio.shape == (0,) for t in old)
+    with pytest.raises(ValueError, match="no proprioception per query"):
+        probe_episode(old[0], "proprio")
+    report = prefix_report(old[:30], old[30:], [48], time_scale=CAP)
+    assert "proprio_running" not in report["rows"][0] and report["rows"][0]["probe_running"] > 0.9
+    assert "proprio" not in prefix_table(report) and "| 48 |" in prefix_table(report)
 
 
 def test_time_only_is_the_success_rate_among_episodes_still_running():
@@ -102,10 +134,12 @@ def test_the_replay_store_keeps_real_labelled_episodes_and_feeds_the_report(tmp_
     assert [t.success for t in back] == [t.success for t in episodes]
     for a, b in zip(back, episodes):
         np.testing.assert_array_equal(a.actions, b.actions)
+        np.testing.assert_array_equal(a.proprio, b.proprio)
         np.testing.assert_array_equal(probe_episode(a).features, probe_episode(b).features)
     assert cli(["probe-report", str(tmp_path / "replay"), "--steps", "32", "--time-scale", str(CAP),
                 "--json", str(tmp_path / "report.json")]) == 0
-    assert "| 32 |" in capsys.readouterr().out and (tmp_path / "report.json").exists()
+    table = capsys.readouterr().out
+    assert "| 32 |" in table and "proprio, running" in table and (tmp_path / "report.json").exists()
     assert cli(["probe-report", str(tmp_path / "replay" / "a.hdf5"), "--test", str(tmp_path / "replay" / "b.hdf5"),
                 "--steps", "32", "--time-scale", str(CAP), "--json", str(tmp_path / "split.json")]) == 0
     split = json.loads((tmp_path / "split.json").read_text())

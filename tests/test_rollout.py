@@ -89,8 +89,11 @@ def test_queries_are_batched_and_recorded(short_envs, policy):
         assert t.token_ids.shape == t.log_probs.shape == (3, 7)
         assert list(t.query_steps) == [0, 8, 16] and list(t.executed) == [8, 8, 8]
         assert np.all(t.log_probs <= 0) and np.all(np.isfinite(t.log_probs))
-        # what an outcome probe reads: the actions sent, and the simulator state (objects and robot)
+        # what an outcome probe reads: the actions sent, the proprioception (eef position, axis-angle, gripper
+        # joints) and the simulator state (objects and robot)
         assert t.actions.shape == (3, 8, 7) and t.privileged.ndim == 2 and t.privileged.shape[0] == 3
+        assert t.proprio.shape == (3, 8) and not np.allclose(t.proprio[0, :3], t.proprio[-1, :3])
+        assert probe_episode(t, "proprio").features.shape == (3, 5 + 8)
         assert t.privileged.shape[1] > 10 and not np.allclose(t.privileged[0], t.privileged[-1])  # the arm moved
         assert probe_episode(t).features.shape == (3, 5) and probe_episode(t, "privileged").features.shape[0] == 3
     decoded = policy.decode_tokens(torch.as_tensor(trajectories[0].token_ids),

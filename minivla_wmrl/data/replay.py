@@ -1,10 +1,11 @@
 """The replay store: real-labelled episodes the toolkit executed, kept on disk for outcome probes.
 
 Each write is one hdf5 file (atomic): `episodes/N` groups with the per-query arrays a probe reads
-(`query_steps`, `log_probs`, `actions`, `privileged`) and the episode's `task_id`, `instruction`,
+(`query_steps`, `log_probs`, `actions`, `proprio`, `privileged`) and the episode's `task_id`, `instruction`,
 `success`, `length` and `source` (who ran it: "collect", "grpo step 3", ...). Only episodes whose
 outcome the simulator decided are kept: a cut rollout or an infrastructure failure has none.
-`read_replay` takes files or directories of them.
+`read_replay` takes files or directories of them; files written before `proprio` was recorded read
+with an empty one (the probes that need it say so).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from minivla_wmrl.infra.atomic import atomic_file
 from minivla_wmrl.rl.rollout import EpisodeSpec, Trajectory
 
 ARRAYS = ("query_steps", "log_probs", "actions", "privileged")
+OPTIONAL_ARRAYS = ("proprio",)
 
 
 def real_labelled(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
@@ -35,7 +37,7 @@ def write_replay(path: Path, trajectories: Sequence[Trajectory], source: str) ->
         group = f.create_group("episodes")
         for i, t in enumerate(kept):
             item = group.create_group(str(i))
-            for name in ARRAYS:
+            for name in ARRAYS + OPTIONAL_ARRAYS:
                 item.create_dataset(name, data=getattr(t, name))
             item.attrs.update(task_id=str(t.spec.task_id), instruction=t.instruction, success=bool(t.success),
                               length=int(t.length), source=source)
@@ -66,5 +68,6 @@ def read_replay(paths: Sequence[str | Path]) -> list[Trajectory]:
                     token_ids=np.zeros((len(steps), 0), np.int64), log_probs=np.asarray(item["log_probs"], np.float32),
                     query_steps=steps, executed=np.zeros(len(steps), np.int64),
                     actions=np.asarray(item["actions"], np.float32),
+                    proprio=np.asarray(item["proprio"] if "proprio" in item else np.zeros((0,)), np.float32),
                     privileged=np.asarray(item["privileged"], np.float32)))
     return out

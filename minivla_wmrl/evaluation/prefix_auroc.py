@@ -1,6 +1,7 @@
 """How much a rollout's prefix tells about its final outcome: held-out AUROC by prefix length of
-the outcome probe (the policy's own signals), against a time-only baseline and the privileged
-probe (simulator state: an upper bound of what the prefix holds).
+the outcome probe on the policy's own signals, and on them with the robot's proprioception (what a
+real robot also has), against a time-only baseline and the privileged probe (simulator state: an
+upper bound of what the prefix holds).
 
 At a cut point of L env steps, an episode that already ended is known (what a gate never has to
 guess); the ones still running are what a gate must rank. Each row reports AUROC over the running
@@ -19,19 +20,29 @@ from minivla_wmrl.infra.outputs import write_json_output
 from minivla_wmrl.rl.rollout import Trajectory
 from world_models.outcome_probe import ProbeEpisode, fit_outcome_probe, policy_signals
 
-SIGNALS = ("policy", "privileged")
+SIGNALS = ("policy", "proprio", "privileged")
+REPORT_NAMES = {"policy": "probe", "proprio": "proprio", "privileged": "privileged"}  # the report's columns
 
 
 def probe_episode(trajectory: Trajectory, signals: str = "policy") -> ProbeEpisode:
-    """A real-labelled trajectory as a probe reads it: its policy signals, or its privileged state."""
+    """A real-labelled trajectory as a probe reads it: its policy signals (`policy`), those with the
+    robot's proprioception per query (`proprio`), or its privileged state."""
     if signals not in SIGNALS:
         raise ValueError(f"probe signals {signals!r}: expected one of {SIGNALS}")
     t = trajectory
     if len(t.actions) != t.num_queries:
         raise ValueError(f"trajectory of {t.spec.task_id} (init state {t.spec.init_state}) has no recorded actions "
                          "per query; it was not run by this version's rollout engine")
-    features = (policy_signals(t.query_steps, t.log_probs, t.actions) if signals == "policy"
-                else np.asarray(t.privileged, np.float32))
+    if signals == "privileged":
+        return ProbeEpisode(np.asarray(t.privileged, np.float32), t.query_steps, t.instruction, t.success, t.length)
+    features = policy_signals(t.query_steps, t.log_probs, t.actions)
+    if signals == "proprio":
+        proprio = np.asarray(t.proprio, np.float32)
+        if proprio.ndim != 2 or len(proprio) != t.num_queries:
+            raise ValueError(f"trajectory of {t.spec.task_id} (init state {t.spec.init_state}) has no proprioception "
+                             f"per query (got shape {proprio.shape} for {t.num_queries} queries); replay files "
+                             "written before it was recorded serve the `policy` and `privileged` probes only")
+        features = np.concatenate([features, proprio], axis=1)
     return ProbeEpisode(features, t.query_steps, t.instruction, t.success, t.length)
 
 
@@ -72,16 +83,23 @@ def auroc_by_prefix(test: list[ProbeEpisode], predictions: dict[str, list[np.nda
     return rows
 
 
+def has_proprio(trajectories: list[Trajectory]) -> bool:
+    return all(np.ndim(t.proprio) == 2 and len(t.proprio) == t.num_queries for t in trajectories)
+
+
 def prefix_report(train: list[Trajectory], test: list[Trajectory], prefix_steps: list[int],
                   time_scale: float = 520.0, seed: int = 0) -> dict:
-    """Fit the policy-signal probe and the privileged probe on `train`; AUROC by prefix on `test`."""
+    """Fit the probes on `train` (the proprioceptive one where every episode recorded proprioception);
+    AUROC by prefix on `test`."""
     predictions, fitted = {}, {}
     for signals in SIGNALS:
+        if signals == "proprio" and not has_proprio(train + test):
+            continue
         train_episodes = [probe_episode(t, signals) for t in train]
         test_episodes = [probe_episode(t, signals) for t in test]
         fitted[signals] = train_episodes
         probe = fit_outcome_probe(train_episodes, time_scale=time_scale, seed=seed)
-        predictions["probe" if signals == "policy" else "privileged"] = probe.predict(test_episodes)
+        predictions[REPORT_NAMES[signals]] = probe.predict(test_episodes)
     rows = auroc_by_prefix(test_episodes, predictions, prefix_steps, time_only(fitted["policy"]))
     return {"train": len(train), "test": len(test), "train_successes": int(sum(t.success for t in train)),
             "test_successes": int(sum(t.success for t in test)), "rows": rows}
@@ -89,14 +107,15 @@ def prefix_report(train: list[Trajectory], test: list[Trajectory], prefix_steps:
 
 def prefix_table(report: dict) -> str:
     """The report as markdown."""
+    names = [n for n in REPORT_NAMES.values() if f"{n}_running" in report["rows"][0]]
+    columns = [f"{n}, running" for n in names] + [f"{n}, all" for n in names] + ["time only, all"]
     lines = [f"held-out AUROC of the final outcome by prefix ({report['test']} test episodes, "
              f"{report['test_successes']} successes; probes fit on {report['train']})", "",
-             "| steps | running (successes) | probe, running | privileged, running | probe, all | privileged, all "
-             "| time only, all |", "|---|---|---|---|---|---|---|"]
+             "| steps | running (successes) | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     for r in report["rows"]:
-        lines.append(f"| {r['steps']} | {r['running']} ({r['running_successes']}) | {r['probe_running']:.2f} | "
-                     f"{r['privileged_running']:.2f} | {r['probe_all']:.2f} | {r['privileged_all']:.2f} | "
-                     f"{r['time_only_all']:.2f} |")
+        values = [r[f"{n}_running"] for n in names] + [r[f"{n}_all"] for n in names] + [r["time_only_all"]]
+        lines.append(f"| {r['steps']} | {r['running']} ({r['running_successes']}) | "
+                     + " | ".join(f"{v:.2f}" for v in values) + " |")
     return "\n".join(lines) + "\n"
 
 

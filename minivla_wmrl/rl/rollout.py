@@ -82,9 +82,11 @@ class Trajectory:
     executed: np.ndarray  # (Q,) actions executed from each query's chunk
     truncated: bool = False  # cut (at `spec.horizon`, or by the gate) before the episode ended
     # what an outcome probe reads at no simulator cost (world_models.outcome_probe), per query: the actions
-    # sent (Q, execute_steps, action_dim) and the simulator's privileged state flattened (Q, S; object poses
-    # included: for diagnostics and the gate's `privileged` predictor, never a policy input)
+    # sent (Q, execute_steps, action_dim), the robot's proprioception (Q, P; what a real robot also has) and the
+    # simulator's privileged state flattened (Q, S; object poses included: for diagnostics and the gate's
+    # `privileged` predictor, never a policy input)
     actions: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
+    proprio: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
     privileged: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
 
     @property
@@ -105,6 +107,7 @@ class _Running:
     query_steps: list = field(default_factory=list)
     executed: list = field(default_factory=list)
     actions: list = field(default_factory=list)
+    proprio: list = field(default_factory=list)
     privileged: list = field(default_factory=list)
 
     def finish(self, result: StepResult | None, failure: str | None, cameras, record_frames: bool,
@@ -123,7 +126,7 @@ class _Running:
             log_probs=np.asarray(self.log_probs, np.float32).reshape(-1, n),
             query_steps=np.asarray(self.query_steps, np.int64), executed=np.asarray(self.executed, np.int64),
             truncated=truncated, actions=np.asarray(self.actions, np.float32),
-            privileged=np.asarray(self.privileged, np.float32))
+            proprio=np.asarray(self.proprio, np.float32), privileged=np.asarray(self.privileged, np.float32))
 
     def prefix(self) -> Trajectory:
         """What has run so far, without frames: what a gate reads."""
@@ -254,6 +257,7 @@ class RolloutEngine:
                 episode.log_probs.append(log_probs[j])
                 episode.query_steps.append(episode.steps)
                 episode.actions.append(np.asarray(actions[i], np.float32))
+                episode.proprio.append(np.ravel(episode.observation.proprio).astype(np.float32))
                 state = episode.observation.state
                 episode.privileged.append(np.concatenate([np.ravel(state[k]) for k in sorted(state)]) if state
                                           else np.zeros(0, np.float32))

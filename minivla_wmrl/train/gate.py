@@ -28,13 +28,14 @@ from minivla_wmrl.infra.config import Range
 from minivla_wmrl.rl.rollout import Trajectory
 from world_models.outcome_probe import fit_outcome_probe
 
-Predictor = Literal["policy", "privileged", "time"]
+Predictor = Literal["policy", "proprio", "privileged", "time"]
 
 
 @dataclass
 class GateConfig:
-    # what predicts the outcome: the outcome probe on the policy's own signals, the same probe on the
-    # simulator's privileged state (free in simulation, unavailable on a real robot), or time alone
+    # what predicts the outcome: the outcome probe on the policy's own signals, on them with the robot's
+    # proprioception (`proprio`: what a real robot also has), on the simulator's privileged state (free in
+    # simulation, unavailable on a real robot), or time alone
     # (P(success | still running), the baseline the others must beat)
     predictor: Predictor = "policy"
     min_steps: Annotated[int, Range(1)] = 32  # no cut before this many env steps
@@ -57,7 +58,7 @@ class OutcomePredictor:
 
     def __init__(self, kind: Predictor, time_scale: float, seed: int = 0):
         self.kind, self.time_scale, self.seed = kind, time_scale, seed
-        self.signals = "privileged" if kind == "privileged" else "policy"  # what the probe reads (time: lengths)
+        self.signals = "policy" if kind == "time" else kind  # what the probe reads (time: lengths only)
         self.model = None
 
     def fit(self, episodes: list[Trajectory]) -> str | None:

@@ -110,7 +110,7 @@ def main(args) -> None:
     for predictor, min_steps, patience, rate in itertools.product(args.predictor, args.min_steps, args.patience,
                                                                   args.wrong_cut_rate):
         config = replace(GateConfig(), predictor=predictor, min_steps=min_steps, patience=patience,
-                         wrong_cut_rate=rate)
+                         wrong_cut_rate=rate, min_per_outcome=args.min_per_outcome)
         check_config(config, "gate-report's gate")
         reports.append(replay_gate(steps, config, extra, args.group_size, args.anchor_fraction, args.time_scale,
                                    args.seed))
