@@ -685,6 +685,69 @@ def report_from_json(path: Path) -> dict:
     return summarize_ablation(data["evidence"])
 
 
+# what a cell run twice must repeat exactly (its wall-clock times are free to differ)
+REPEATED = ("grpo_seed", "evaluations", "real_steps", "real_episodes", "grpo_steps", "train_success_last")
+
+
+def merge_evidence(named: list[tuple[str, dict]]) -> dict:
+    """One ablation's evidence from several invocations that each ran some of its cells (e.g. sessions
+    whose run directories did not survive): the same SFT checkpoint (by sha256), protocol, GRPO
+    settings and seeding in each; every arm's cells pooled by seed. A cell present in more than one
+    must have repeated exactly (a run repeats bit for bit on the same versions and thread count), a
+    check that the invocations reproduce each other. Guard evidence is pooled where every report has it."""
+    (first_name, first), rest = named[0], named[1:]
+    same = {"eval_settings": lambda e: {k: v for k, v in e["eval_settings"].items() if k != "checkpoint"},
+            "SFT episodes": lambda e: e["sft"]["episodes"], "grpo settings": lambda e: e["grpo"],
+            "seeding": lambda e: e["seeding"], "first arm": lambda e: e["first_arm"]}
+    for name, evidence in rest:
+        for what, get in same.items():
+            if get(evidence) != get(first):
+                raise ValueError(f"ablate --merge: {name} and {first_name} differ in {what}; only invocations of one "
+                                 "ablation (same SFT checkpoint, protocol and GRPO settings) merge")
+    arms: dict[str, dict] = {}
+    for name, evidence in named:
+        for entry in evidence["arms"]:
+            arm = arms.setdefault(entry["arm"], {"arm": entry["arm"], "overrides": entry["overrides"], "cells": {}})
+            if entry["overrides"] != arm["overrides"]:
+                raise ValueError(f"ablate --merge: arm {entry['arm']!r} has overrides {entry['overrides']} in {name} "
+                                 f"and {arm['overrides']} in another report")
+            for cell in entry["cells"]:
+                _merge_cell(arm["cells"], cell["seed"], cell, f"arm {entry['arm']!r} seed {cell['seed']}", name,
+                            lambda a, b: all(a.get(k) == b.get(k) for k in REPEATED))
+    merged = dict(first, arms=[dict(a, cells=[a["cells"][s] for s in sorted(a["cells"])]) for a in arms.values()])
+    merged["merged_from"] = [{"report": name, "seeds": {e["arm"]: [c["seed"] for c in e["cells"]] for e in ev["arms"]},
+                              "versions": ev["versions"]} for name, ev in named]
+    merged.pop("guard", None)
+    guards = [(name, e["guard"]) for name, e in named if "guard" in e]
+    if len(guards) == len(named):
+        merged["guard"] = _merge_guard(guards)
+    return merged
+
+
+def _merge_cell(cells: dict, seed: int, value, what: str, source: str, repeats) -> None:
+    if seed in cells and not repeats(cells[seed], value):
+        raise ValueError(f"ablate --merge: {what} in {source} did not repeat the same cell of an earlier report "
+                         "(other episodes or training); the runs differ (versions, thread count?) and do not merge")
+    cells.setdefault(seed, value)
+
+
+def _merge_guard(guards: list[tuple[str, dict]]) -> dict:
+    """The guard evidence of several reports, pooled by arm and seed (same protocol, level and SFT episodes)."""
+    (first_name, first) = guards[0]
+    for name, guard in guards[1:]:
+        if [guard[k] for k in ("protocol", "accept_p", "sft")] != [first[k] for k in ("protocol", "accept_p", "sft")]:
+            raise ValueError(f"ablate --merge: the guard evidence of {name} and {first_name} differs in protocol, "
+                             "level or SFT episodes")
+    by_arm: dict[str, dict] = {}
+    for name, guard in guards:
+        for arm, seeds in guard["seeds"].items():
+            for seed, episodes in zip(seeds, guard["arms"][arm]):
+                _merge_cell(by_arm.setdefault(arm, {}), seed, episodes, f"the guard's arm {arm!r} seed {seed}", name,
+                            lambda a, b: a == b)
+    return dict(first, arms={arm: [c[s] for s in sorted(c)] for arm, c in by_arm.items()},
+                seeds={arm: sorted(c) for arm, c in by_arm.items()})
+
+
 def pooled_table(reports: list[tuple[str, dict]], arm: str, guarded: bool = False) -> str:
     """One arm across several tasks' ablations (`(name, report)` each): a row per task against its own
     SFT checkpoint, and their mean with `pooled_over_tasks`' interval (the tasks fixed). `guarded`:
@@ -715,9 +778,23 @@ def pooled_table(reports: list[tuple[str, dict]], arm: str, guarded: bool = Fals
 
 
 def main(args) -> None:
+    if args.merge and (not args.from_json or len(args.from_json) < 2 or args.guarded):
+        raise ValueError("ablate --merge pools the cells of several --from-json reports of one ablation (without "
+                         "--guarded)")
     if args.from_json:
         if args.recipe or args.overrides:
             raise ValueError("ablate --from-json recomputes a written report; it takes no recipe or overrides")
+        if args.merge:
+            named = [(path, read_json(Path(path), "the ablation report")) for path in args.from_json]
+            missing = [path for path, data in named if "evidence" not in data]
+            if missing:
+                raise ValueError(f"{missing} hold no 'evidence' (per-seed episodes); they cannot be merged")
+            report = summarize_ablation(merge_evidence([(path, data["evidence"]) for path, data in named]))
+            if args.out:
+                write_report(report, Path(args.out))
+            else:
+                print(ablation_table(report))
+            return
         if args.guarded and len(args.from_json) == 1:
             raise ValueError("ablate --guarded pools the guarded rows of several --from-json reports; one report's "
                              "table shows its guarded rows already")

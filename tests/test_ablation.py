@@ -264,3 +264,49 @@ def test_several_reports_pool_one_arm_over_their_tasks(capsys):
     assert "has no arm 'gated'" in capsys.readouterr().err
     assert cli(["ablate", "--from-json", *files, "--out", "x"]) == 1
     assert "writes one report" in capsys.readouterr().err
+
+
+def test_reports_of_one_ablation_from_several_sessions_merge_into_one(tmp_path, capsys):
+    """`ablate --from-json A B --merge`: cells run in separate invocations pool by seed; a cell both ran
+    must have repeated exactly; other SFT checkpoints or settings are refused."""
+    import copy
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    whole = json.loads((docs / "ablation_rl_cpu_t28_shuffled.json").read_text())  # sparse 0-4, shuffled 0-2
+
+    def part(seeds: dict, name: str) -> Path:
+        evidence = copy.deepcopy(whole["evidence"])
+        evidence["arms"] = [dict(a, cells=[c for c in a["cells"] if c["seed"] in seeds[a["arm"]]])
+                            for a in evidence["arms"] if a["arm"] in seeds]
+        evidence["guard"]["arms"] = {a: [e for s, e in zip(evidence["guard"]["seeds"][a], evidence["guard"]["arms"][a])
+                                         if s in seeds[a]] for a in seeds}
+        evidence["guard"]["seeds"] = {a: [s for s in evidence["guard"]["seeds"][a] if s in seeds[a]] for a in seeds}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"evidence": evidence}))
+        return path
+
+    a = part({"sparse": [0, 1, 2], "shuffled": [0]}, "a")
+    b = part({"sparse": [2, 3, 4], "shuffled": [1, 2]}, "b")  # sparse seed 2 in both: the same cell
+    assert cli(["ablate", "--from-json", str(a), str(b), "--merge", "--out", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "ablation.json").read_text())
+    original = json.loads(json.dumps(whole))
+    for arm, expected in zip(merged["arms"], original["arms"]):
+        assert arm["seeds"] == expected["seeds"] and arm["vs_sft"] == expected["vs_sft"]
+        assert arm["held_out_per_seed"] == expected["held_out_per_seed"]
+    assert merged["guarded"] == original["guarded"]
+    assert [m["seeds"] for m in merged["evidence"]["merged_from"]] == [{"sparse": [0, 1, 2], "shuffled": [0]},
+                                                                       {"sparse": [2, 3, 4], "shuffled": [1, 2]}]
+    capsys.readouterr()
+
+    flipped = json.loads(b.read_text())  # sparse seed 2 did not repeat: one episode differs
+    flipped["evidence"]["arms"][0]["cells"][0]["evaluations"][-1]["episodes"][0][3] ^= 1
+    b.write_text(json.dumps(flipped))
+    assert cli(["ablate", "--from-json", str(a), str(b), "--merge"]) == 1
+    assert "arm 'sparse' seed 2" in capsys.readouterr().err
+    other = json.loads(a.read_text())
+    other["evidence"]["eval_settings"]["checkpoint_sha256"] = "0" * 64  # another SFT checkpoint
+    a.write_text(json.dumps(other))
+    assert cli(["ablate", "--from-json", str(a), str(b), "--merge"]) == 1
+    assert "differ in eval_settings" in capsys.readouterr().err
+    assert cli(["ablate", "--from-json", str(a), "--merge"]) == 1
+    assert "several --from-json reports" in capsys.readouterr().err
