@@ -146,3 +146,31 @@ def test_readme_greedy_rows_are_the_committed_ablations():
         assert guard["accept_p"] == 0.05 and guard["protocol"]["sampling"] == "greedy"
         (sparse,) = [row for row in report["guarded"] if row["arm"] == "sparse"]
         assert sparse["kept"] == [False] * 5  # "kept SFT for all 15 seeds"
+
+
+def test_readme_control_on_a_rebuilt_task_28_checkpoint_is_the_committed_ablation():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    greedy = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_control_greedy.json")
+    sampled = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_control.json")
+    sft = f"{100 * greedy['sft']['success_rate']:.0f}% greedy, {100 * sampled['sft']['success_rate']:.0f}% sampled"
+    assert sft in readme, sft
+    for report, decoding in ((greedy, "greedily"), (sampled, "sampled")):
+        arms = {arm["arm"]: arm for arm in report["arms"]}
+        vs = arms["shuffled"]["vs_sft"]
+        low, high = vs["ci95"]
+        assert len(arms["shuffled"]["held_out_per_seed"]) == 5
+        assert f"{_points(vs['difference'])} [{_points(low)}, {_points(high)}] {decoding}" in readme, decoding
+        assert f"{_points(arms['sparse']['vs_sft']['difference'])}" in readme
+
+
+def test_readme_prefix_auroc_rows_are_the_committed_probe_reports():
+    import json
+
+    readme = (ROOT / "README.md").read_text()
+    report = json.loads((ROOT / "docs" / "probe_report_task28_proprio.json").read_text())
+    rows = {r["steps"]: r for r in report["rows"]}
+    assert (report["train"], report["test"]) == (1128, 224)
+    for steps in (32, 48, 64):
+        r = rows[steps]
+        cells = f"| {steps} | {r['probe_running']:.2f} | {r['proprio_running']:.2f} | {r['privileged_running']:.2f} |"
+        assert cells in readme, cells
