@@ -289,11 +289,10 @@ def test_reports_of_one_ablation_from_several_sessions_merge_into_one(tmp_path, 
     b = part({"sparse": [2, 3, 4], "shuffled": [1, 2]}, "b")  # sparse seed 2 in both: the same cell
     assert cli(["ablate", "--from-json", str(a), str(b), "--merge", "--out", str(tmp_path / "merged")]) == 0
     merged = json.loads((tmp_path / "merged" / "ablation.json").read_text())
-    original = json.loads(json.dumps(whole))
-    for arm, expected in zip(merged["arms"], original["arms"]):
+    for arm, expected in zip(merged["arms"], whole["arms"]):
         assert arm["seeds"] == expected["seeds"] and arm["vs_sft"] == expected["vs_sft"]
         assert arm["held_out_per_seed"] == expected["held_out_per_seed"]
-    assert merged["guarded"] == original["guarded"]
+    assert merged["guarded"] == whole["guarded"]
     assert [m["seeds"] for m in merged["evidence"]["merged_from"]] == [{"sparse": [0, 1, 2], "shuffled": [0]},
                                                                        {"sparse": [2, 3, 4], "shuffled": [1, 2]}]
     capsys.readouterr()
