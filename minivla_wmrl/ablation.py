@@ -676,13 +676,18 @@ def ablation_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report_from_json(path: Path) -> dict:
-    """The report recomputed from a written `ablation.json`'s evidence (every seed's episodes)."""
+def evidence_from_json(path: Path) -> dict:
+    """A written `ablation.json`'s evidence (every seed's episodes)."""
     data = read_json(Path(path), "the ablation report")
     if "evidence" not in data:
         raise ValueError(f"{path} holds no 'evidence' (per-seed episodes); it was written before reports kept "
                          "them: re-run `minivla-wmrl ablate` on its recipe to rewrite it")
-    return summarize_ablation(data["evidence"])
+    return data["evidence"]
+
+
+def report_from_json(path: Path) -> dict:
+    """The report recomputed from a written `ablation.json`'s evidence."""
+    return summarize_ablation(evidence_from_json(path))
 
 
 # what a cell run twice must repeat exactly (its wall-clock times are free to differ)
@@ -784,27 +789,20 @@ def main(args) -> None:
     if args.from_json:
         if args.recipe or args.overrides:
             raise ValueError("ablate --from-json recomputes a written report; it takes no recipe or overrides")
-        if args.merge:
-            named = [(path, read_json(Path(path), "the ablation report")) for path in args.from_json]
-            missing = [path for path, data in named if "evidence" not in data]
-            if missing:
-                raise ValueError(f"{missing} hold no 'evidence' (per-seed episodes); they cannot be merged")
-            report = summarize_ablation(merge_evidence([(path, data["evidence"]) for path, data in named]))
-            if args.out:
-                write_report(report, Path(args.out))
-            else:
-                print(ablation_table(report))
-            return
         if args.guarded and len(args.from_json) == 1:
             raise ValueError("ablate --guarded pools the guarded rows of several --from-json reports; one report's "
                              "table shows its guarded rows already")
-        if len(args.from_json) > 1:
+        if args.merge:
+            report = summarize_ablation(merge_evidence([(path, evidence_from_json(Path(path)))
+                                                        for path in args.from_json]))
+        elif len(args.from_json) > 1:
             if args.out:
                 raise ValueError("ablate --out writes one report; with several --from-json it prints the pooled table")
             print(pooled_table([(path, report_from_json(Path(path))) for path in args.from_json], args.arm,
                                args.guarded))
             return
-        report = report_from_json(Path(args.from_json[0]))
+        else:
+            report = report_from_json(Path(args.from_json[0]))
         if args.out:
             write_report(report, Path(args.out))
         else:

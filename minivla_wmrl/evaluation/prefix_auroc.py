@@ -37,13 +37,17 @@ def probe_episode(trajectory: Trajectory, signals: str = "policy") -> ProbeEpiso
         return ProbeEpisode(np.asarray(t.privileged, np.float32), t.query_steps, t.instruction, t.success, t.length)
     features = policy_signals(t.query_steps, t.log_probs, t.actions)
     if signals == "proprio":
-        proprio = np.asarray(t.proprio, np.float32)
-        if proprio.ndim != 2 or len(proprio) != t.num_queries:
+        if not has_proprio(t):
             raise ValueError(f"trajectory of {t.spec.task_id} (init state {t.spec.init_state}) has no proprioception "
-                             f"per query (got shape {proprio.shape} for {t.num_queries} queries); replay files "
+                             f"per query (got shape {np.shape(t.proprio)} for {t.num_queries} queries); replay files "
                              "written before it was recorded serve the `policy` and `privileged` probes only")
-        features = np.concatenate([features, proprio], axis=1)
+        features = np.concatenate([features, np.asarray(t.proprio, np.float32)], axis=1)
     return ProbeEpisode(features, t.query_steps, t.instruction, t.success, t.length)
+
+
+def has_proprio(trajectory: Trajectory) -> bool:
+    """Whether the trajectory recorded proprioception at each of its queries."""
+    return np.ndim(trajectory.proprio) == 2 and len(trajectory.proprio) == trajectory.num_queries
 
 
 def prediction_at(probabilities: np.ndarray, query_steps: np.ndarray, steps: int) -> float:
@@ -83,17 +87,13 @@ def auroc_by_prefix(test: list[ProbeEpisode], predictions: dict[str, list[np.nda
     return rows
 
 
-def has_proprio(trajectories: list[Trajectory]) -> bool:
-    return all(np.ndim(t.proprio) == 2 and len(t.proprio) == t.num_queries for t in trajectories)
-
-
 def prefix_report(train: list[Trajectory], test: list[Trajectory], prefix_steps: list[int],
                   time_scale: float = 520.0, seed: int = 0) -> dict:
     """Fit the probes on `train` (the proprioceptive one where every episode recorded proprioception);
     AUROC by prefix on `test`."""
     predictions, fitted = {}, {}
     for signals in SIGNALS:
-        if signals == "proprio" and not has_proprio(train + test):
+        if signals == "proprio" and not all(map(has_proprio, train + test)):
             continue
         train_episodes = [probe_episode(t, signals) for t in train]
         test_episodes = [probe_episode(t, signals) for t in test]
