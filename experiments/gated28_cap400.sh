@@ -1,22 +1,35 @@
 #!/bin/bash
-# Issue 31 at the protocol's episode cap: experiments/gated28.sh's probe gate and time-only gate beside
-# sparse GRPO, every rollout capped at libero_90's 400 steps instead of the CPU recipe's 120 (where an
-# oracle that cut every failure at step 24 saves at most 1.68x: the cap, not the predictor, bounded the
-# saving). Same task-28 SFT checkpoint, world model and held-out protocol (states 25-49 x 2 samples, cap
-# 120: the SFT policy's successes end by step ~80) as gated28.sh. Checkpoints at GRPO steps 5, 10 and 14
-# are evaluated, so each arm's success-against-real-steps curve has three points after SFT's.
-# Seeds: $SEEDS (default [0, 1, 2]); cells resume one by one: re-run to go on. Needs runs/rl_cpu_t28 from
-# experiments/transfer.sh (and its sparse seeds 0-3 for the predictor's replay). Further arguments go to
-# `ablate` (e.g. --dry-run).
+# Issue 31 at the protocol's episode cap: gated execution beside sparse GRPO on task 28 with every training
+# rollout capped at libero_90's 400 steps instead of the CPU recipe's 120 (where an oracle that cut every
+# failure at step 24 saves at most 1.68x: the cap, not the predictor, bounded the saving). Held-out
+# protocol as the recipe's (states 25-49 x 2 samples, cap 120: the SFT policy's successes end by step ~80),
+# checkpoints at GRPO steps 5, 10 and 14, so each arm's success-against-real-steps curve has three points.
+# Every query of a 400-step rollout is trained on (queries_per_rollout 50, as 25 covers the recipe's 200).
+# The task-28 SFT checkpoint is the one experiments/control28.sh rebuilt (OMP_NUM_THREADS=1, kernel v1272).
+# Arms, in this order (arm i's GRPO seeds are s + 1000 x i, so the order is part of the evidence):
+#   sparse400: full execution, seeds $SPARSE_SEEDS (default [0, 1]); its rollouts are also the predictor's
+#     replay and `gate-report`'s data (experiments/gate_report28_cap400.sh)
+#   gated400, gated400_time: the gated arms' gate (min_steps 24, patience 1, wrong-cut rate 0.2) with the
+#     outcome probe on policy signals + proprioception, and with time alone; seeds $GATED_SEEDS (default [0];
+#     empty: left out). The predictor is refit every step on the wm stage's collection, sparse400 seeds 0-1
+#     and the run's own earlier steps; the gate is first calibrated on those replay episodes, cross-fitted
+#     (gate.warm_start: offline, on sparse400 seed 1, the time gate opened at step 6 without it and saved
+#     1.44x; from step 1 with it, 2.09x).
+# Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
 set -e
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
-export MUJOCO_GL=egl
-source experiments/gate28_settings.sh  # R, GATE24: the same gate as gated28.sh's gated24 arms
-CAP="grpo.max_real_steps=400, grpo.save_every=5"
-SEEDS=${SEEDS:-[0, 1, 2]}
-ARMS="{name: sparse400, seeds: $SEEDS, overrides: [$CAP]}, \
-{name: gated400, seeds: $SEEDS, overrides: [$CAP, $GATE24, gate.predictor=policy]}, \
-{name: gated400_time, seeds: $SEEDS, overrides: [$CAP, $GATE24, gate.predictor=time]}"
-minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' ablation.eval_every=5 \
-  "ablation.arms=[$ARMS]" --parallel ${PARALLEL:-2} "$@"
+export MUJOCO_GL=egl OMP_NUM_THREADS=1
+R=runs/rl_cpu_t28
+CAP="grpo.max_real_steps=400, grpo.queries_per_rollout=50, grpo.save_every=5"
+REPLAY="[$R/wm/replay, $R/ablation/sparse400/seed0/replay, $R/ablation/sparse400/seed1/replay]"
+GATE="grpo.execution=gated, grpo.anchor_fraction=0.25, 'gate.replay=$REPLAY', gate.min_steps=24, gate.patience=1, gate.wrong_cut_rate=0.2, gate.warm_start=true"
+SPARSE_SEEDS=${SPARSE_SEEDS:-[0, 1]}
+GATED_SEEDS=${GATED_SEEDS-[0]}
+ARMS="{name: sparse400, seeds: $SPARSE_SEEDS, overrides: [$CAP]}"
+if [ -n "$GATED_SEEDS" ]; then
+  ARMS="$ARMS, {name: gated400, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio]}, \
+{name: gated400_time, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=time]}"
+fi
+minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' 'ablation.seeds=[0,1,2,3,4]' \
+  ablation.eval_every=5 "ablation.arms=[$ARMS]" --parallel ${PARALLEL:-2} "$@"

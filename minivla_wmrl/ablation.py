@@ -40,7 +40,7 @@ from typing import Annotated
 import numpy as np
 
 from minivla_wmrl.evaluation.compare import by_state, check_comparable, load_evaluation
-from minivla_wmrl.evaluation.evaluate import evaluate
+from minivla_wmrl.evaluation.evaluate import SettingsChanged, evaluate
 from minivla_wmrl.evaluation.plots import plot_ablation
 from minivla_wmrl.evaluation.statistics import (
     RATE_BOUNDS,
@@ -337,9 +337,7 @@ def run_ablation(recipe: AblationRecipe, parallel: int = 1) -> dict:
         create_output_dir(evals, "ablate")  # the protocol's report goes beside its SFT evaluation
         try:
             evaluate(protocol_pipeline(recipe, protocol).eval_config(Path(recipe.out) / "sft" / "final", evals / "sft"))
-        except ValueError as error:
-            if "other settings" not in str(error):
-                raise
+        except SettingsChanged as error:
             raise ValueError(f"ablation protocol {protocol.name!r} was evaluated with other settings than its "
                              f"overrides give now ({error}); restore them, name the protocol anew, or delete "
                              f"{evals} and the cells' {eval_dirname(protocol)}/ to evaluate it again") from None

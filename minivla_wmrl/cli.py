@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--wrong-cut-rate", nargs="+", type=float, default=[0.05])
     gate.add_argument("--min-per-outcome", type=int, default=4, help="successes and failures among the recent "
                       "anchors before any cut, as gate.min_per_outcome")
+    gate.add_argument("--warm-start", action="store_true", help="calibrate the gate on the --replay episodes "
+                      "(cross-fitted) before the first anchors, as gate.warm_start")
     gate.add_argument("--anchor-fraction", type=float, default=0.25, help="anchors per group, as grpo.anchor_fraction")
     gate.add_argument("--group-size", type=int, default=4, help="consecutive rollouts of a step that form a group "
                       "(rollouts_per_task / init_states_per_step under grouping: init_state)")

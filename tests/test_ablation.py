@@ -176,6 +176,13 @@ def test_a_further_protocol_evaluates_a_finished_ablation_without_training(recip
     assert json.loads((out / "ablation" / "eval_greedy" / "ablation.json").read_text())["arms"][0][
         "held_out_per_seed"] == sparse["held_out_per_seed"]
 
+    # the same protocol name with other overrides would mix two protocols' episodes in one report
+    greedy["ablation"]["protocols"][0]["overrides"].append("eval.execute_steps=4")
+    path.with_name("changed.yaml").write_text(yaml.safe_dump(greedy))
+    capsys.readouterr()
+    assert cli(["ablate", str(path.with_name("changed.yaml"))]) == 1
+    assert "ablation protocol 'greedy' was evaluated with other settings" in capsys.readouterr().err
+
 
 def test_the_guard_keeps_a_final_checkpoint_only_past_its_significance_level():
     from minivla_wmrl.ablation import guarded_arms

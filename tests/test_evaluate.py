@@ -12,7 +12,7 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 
-from minivla_wmrl.evaluation.evaluate import EvalConfig, evaluate, read_episodes
+from minivla_wmrl.evaluation.evaluate import EvalConfig, SettingsChanged, evaluate, read_episodes
 from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.rl.init_states import check_disjoint, select_rl_init_states, training_init_states
 from tests.tiny_policy import make_policy
@@ -104,7 +104,7 @@ def test_killed_evaluation_resumes_and_counts_each_trial_once(checkpoint, tmp_pa
 @pytest.mark.simulator
 def test_resume_with_other_settings_is_refused(checkpoint, tmp_path, monkeypatch):
     first = evaluate(config(checkpoint, tmp_path, tasks=["0"], trials=1, envs=1, videos="none"), progress=False)
-    with pytest.raises(ValueError, match="other settings.*execute_steps"):
+    with pytest.raises(SettingsChanged, match="other settings.*execute_steps"):
         evaluate(config(checkpoint, tmp_path, tasks=["0"], trials=1, envs=1, videos="none", execute_steps=4),
                  progress=False)
     # the same checkpoint named by a Hub repo id (its snapshot: here, the same directory) is the same evaluation

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from minivla_wmrl.train.gate import Gate, GateConfig, cut_statistic
+from minivla_wmrl.evaluation.statistics import auroc
+from minivla_wmrl.train.gate import Gate, GateConfig, cut_statistic, decision_steps
 from minivla_wmrl.train.grpo import GRPOTrainer, train_grpo, validate
 from tests.test_learning import EPISODE_STEPS, learning_recipe, start  # noqa: F401  (start: the fixture)
 
@@ -55,6 +56,27 @@ def test_the_gate_stops_cutting_when_its_predictor_degrades_and_restores_from_it
     assert not gate.active and gate.quality == 0.0
 
 
+def test_warm_start_statistics_are_cross_fitted_and_fill_one_window():
+    from minivla_wmrl.train.gate import OutcomePredictor, cross_fit_statistics
+    from tests.test_outcome_probe import CAP, rollouts
+
+    episodes = rollouts(0, 60)  # successes planted in the policy's signals
+    config = GateConfig(predictor="policy", min_steps=24, patience=1, window=40, min_per_outcome=4)
+    statistics, outcomes = cross_fit_statistics(episodes, config, CAP)
+    assert len(statistics) == len(outcomes) == 40 and 0 < outcomes.sum() < 40
+    assert auroc(statistics, outcomes) > 0.9
+    gate = Gate(config)
+    gate.observe(statistics, outcomes)
+    assert gate.active  # before any anchor
+    # each episode is scored by a predictor that never saw it: one fit on all of them would score them otherwise
+    seen = OutcomePredictor("policy", CAP)
+    seen.fit(episodes)
+    by_seen = [cut_statistic(p, decision_steps(t), 24, 1) for p, t in zip(seen(episodes), episodes)]
+    assert not set(np.round(statistics, 9)) <= set(np.round(by_seen, 9))
+    few = cross_fit_statistics(episodes[:4], config, CAP)[0]  # folds too small to fit on: nothing to calibrate on
+    assert len(few) == 0
+
+
 def gated(start, out, **grpo):  # noqa: F811
     recipe = learning_recipe(start, out, **{"steps": 4, "execution": "gated", "anchor_fraction": 0.25, **grpo})
     recipe.gate.min_steps, recipe.gate.patience, recipe.gate.min_per_outcome = 8, 1, 2
@@ -99,6 +121,18 @@ def test_gated_grpo_cuts_predicted_failures_and_keeps_real_outcomes(start, tmp_p
     assert records[-1]["real_labels_used"] == sum(int((~b.cut()).sum()) for b, *_ in batches)
 
 
+def test_a_warm_started_gate_cuts_from_the_first_grpo_step(start, tmp_path):  # noqa: F811
+    """Calibrated on an earlier run's real-labelled episodes, the gate cuts in step 1; without, it cannot."""
+    train_grpo(learning_recipe(start, tmp_path / "earlier", steps=2), progress=False)
+    first = {}
+    for warm in (False, True):
+        recipe = gated(start, tmp_path / f"warm_{warm}", steps=1)
+        recipe.gate.replay, recipe.gate.warm_start = [str(tmp_path / "earlier" / "replay")], warm
+        first[warm] = train_grpo(recipe, progress=False)["history"][0]
+    assert first[False]["cut_rollouts"] == 0
+    assert first[True]["cut_rollouts"] > 0 and first[True]["step_real_steps"] < first[False]["step_real_steps"]
+
+
 def test_gated_grpo_resumes_exactly(start, tmp_path):  # noqa: F811
     whole = train_grpo(gated(start, tmp_path / "whole"), progress=False)["history"]
     train_grpo(gated(start, tmp_path / "cut", steps=2, save_every=1), progress=False)
@@ -116,6 +150,10 @@ def test_gated_settings_are_checked(start, tmp_path):  # noqa: F811
     recipe = gated(start, tmp_path)
     recipe.gate.replay = [str(tmp_path / "missing")]
     with pytest.raises(FileNotFoundError, match="gate.replay"):  # before anything is written
+        GRPOTrainer(recipe, progress=False)
+    recipe = gated(start, tmp_path)
+    recipe.gate.warm_start = True
+    with pytest.raises(ValueError, match="gate.warm_start calibrates on gate.replay's episodes"):
         GRPOTrainer(recipe, progress=False)
     assert not tmp_path.joinpath("checkpoints").exists()
 

@@ -1,13 +1,17 @@
 """The gate replayed offline on a recorded full-execution run (pure logic on planted rollouts: the
 rollout fields it reads are recorded by the engine, tested on LIBERO in test_rollout.py)."""
 
+import argparse
 import json
+import typing
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from minivla_wmrl.train.gate import Gate, GateConfig
-from minivla_wmrl.train.gate_report import WAIT_STEPS, first_cut, replay_gate
+from minivla_wmrl.cli import build_parser
+from minivla_wmrl.train.gate import Gate, GateConfig, Predictor
+from minivla_wmrl.train.gate_report import WAIT_STEPS, first_cut, replay_gate, report_table
 from tests.test_outcome_probe import CAP, rollout, rollouts
 
 
@@ -44,6 +48,19 @@ def test_a_replayed_gate_cuts_failures_spares_anchors_and_accounts_every_step():
     assert total["real_steps"] < total["real_steps_full"] and total["saving"] > 1.1
 
 
+def test_a_warm_started_gate_cuts_from_the_first_step():
+    """Calibrated first on the extra episodes (cross-fitted), the gate need not wait for successful anchors."""
+    steps, extra = run_steps(1, 4), rollouts(2, 40)
+    config = GateConfig(predictor="time", min_steps=24, patience=1, wrong_cut_rate=0.1, min_per_outcome=2)
+    cold = replay_gate(steps, config, extra, group_size=4, anchor_fraction=0.25, time_scale=CAP)
+    warm = replay_gate(steps, replace(config, warm_start=True), extra, group_size=4, anchor_fraction=0.25,
+                       time_scale=CAP)
+    assert cold["total"]["first_cutting_step"] == 2 and warm["total"]["first_cutting_step"] == 1
+    assert warm["steps"][0]["failures_cut"] > 0 and warm["steps"][0]["successes_cut"] == 0
+    assert warm["total"]["saving"] > cold["total"]["saving"]
+    assert "| time, warm start | 24 |" in report_table([warm]) and "| time | 24 |" in report_table([cold])
+
+
 def test_a_gate_stays_shut_while_no_success_has_been_seen():
     rng = np.random.default_rng(3)
     steps = [[rollout(rng, False) for _ in range(16)] for _ in range(3)]  # a task the policy never solves
@@ -69,6 +86,8 @@ def test_the_gate_report_command_prints_and_writes_every_setting(tmp_path, capsy
     assert {r["gate"]["min_per_outcome"] for r in report["reports"]} == {3}
     assert cli(["gate-report", str(tmp_path / "wm")]) == 1
     assert "no step_*.hdf5 replay files" in capsys.readouterr().err
+    assert cli(["gate-report", str(tmp_path / "run"), "--warm-start"]) == 1
+    assert "--warm-start calibrates the gate on the --replay episodes" in capsys.readouterr().err
     assert cli(["gate-report", str(tmp_path / "run"), "--wrong-cut-rate", "1.5"]) == 1
     assert "wrong_cut_rate" in capsys.readouterr().err
 
@@ -81,3 +100,10 @@ def test_the_gate_report_needs_non_anchors(tmp_path, capsys, fraction):
     write_replay(tmp_path / "run" / "step_0000001.hdf5", rollouts(7, 8), "grpo step 1")
     assert cli(["gate-report", str(tmp_path / "run"), "--anchor-fraction", fraction]) == 1
     assert "--anchor-fraction" in capsys.readouterr().err
+
+
+def test_the_gate_report_offers_every_predictor_the_gate_knows():
+    """The command line lists the choices by hand (it imports nothing heavy): they must stay gate.Predictor's."""
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    predictor = next(a for a in commands.choices["gate-report"]._actions if a.dest == "predictor")
+    assert list(predictor.choices) == list(typing.get_args(Predictor))

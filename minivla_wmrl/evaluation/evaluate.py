@@ -142,6 +142,10 @@ def checkpoint_hash(directory: Path, progress: bool = False) -> str:
     return digest.hexdigest()
 
 
+class SettingsChanged(ValueError):
+    """An output directory holds an evaluation with other settings than the ones asked for now."""
+
+
 # settings recorded later: what evaluations written before them ran with
 SETTING_DEFAULTS = {"center_crop": False, "init_states": "published"}
 
@@ -329,7 +333,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         changed = sorted(k for k in run_settings
                          if setting(previous, k) != run_settings[k] and k not in ("torch", "python"))
         if changed:
-            raise ValueError(f"{out} holds an evaluation with other settings ({', '.join(changed)}); "
+            raise SettingsChanged(f"{out} holds an evaluation with other settings ({', '.join(changed)}); "
                              "resume with the same settings or choose another --out")
     else:
         _write_atomic(settings_path, json.dumps(run_settings, indent=2))

@@ -13,6 +13,10 @@ would have been cut. Cutting stops (the gate is inactive, and the log says why) 
 anchors hold `min_per_outcome` successes and failures, and whenever the statistic's AUROC among
 the recent anchors still running at `min_steps` falls below `auroc_floor` (successes that all end
 before `min_steps` leave nothing to rank: then the threshold alone guards them).
+
+With `warm_start`, the window starts full of `replay`'s episodes, each scored by a predictor fit
+on the other folds, so the gate can cut from the first step instead of waiting for successful
+anchors.
 """
 
 from __future__ import annotations
@@ -46,6 +50,12 @@ class GateConfig:
     min_per_outcome: Annotated[int, Range(1)] = 4  # successes and failures among them before any cut
     # more real-labelled episodes to fit the predictor on, e.g. the wm stage's collection (runs/x/wm/replay)
     replay: list[str] = field(default_factory=list)
+    # calibrate from the first step on `replay`'s episodes, each scored by a predictor fit on the other
+    # folds (cross-fitting: like an anchor, by a predictor that never saw it); the anchors then replace
+    # them in the window. Off, the gate waits for `min_per_outcome` successful anchors (at a low success
+    # rate, several steps of full execution)
+    warm_start: bool = False
+    warm_start_folds: Annotated[int, Range(2)] = 4
 
 
 def decision_steps(trajectory: Trajectory) -> np.ndarray:
@@ -90,6 +100,26 @@ def cut_statistic(probabilities: np.ndarray, steps: np.ndarray, min_steps: int, 
         return float("inf")
     windows = np.lib.stride_tricks.sliding_window_view(eligible, patience)
     return float(windows.max(axis=1).min())
+
+
+def cross_fit_statistics(episodes: list[Trajectory], config: GateConfig, time_scale: float,
+                         seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """`gate.warm_start`'s calibration data: the cut statistics of up to `window` of `episodes` (drawn at
+    random), each by a predictor fit on the folds it is not in, and their outcomes. Episodes whose
+    complement is too small to fit on are left out."""
+    rng = np.random.default_rng(seed)
+    folds = rng.permutation(len(episodes)) % config.warm_start_folds
+    statistics = np.full(len(episodes), np.nan)
+    for fold in range(config.warm_start_folds):
+        held = np.flatnonzero(folds == fold)
+        predictor = OutcomePredictor(config.predictor, time_scale, seed)
+        if len(held) == 0 or predictor.fit([episodes[i] for i in np.flatnonzero(folds != fold)]) is not None:
+            continue
+        for i, probabilities in zip(held, predictor([episodes[i] for i in held])):
+            statistics[i] = cut_statistic(probabilities, decision_steps(episodes[i]), config.min_steps,
+                                          config.patience)
+    drawn = [i for i in rng.permutation(len(episodes)) if not np.isnan(statistics[i])][:config.window]
+    return statistics[drawn], np.array([episodes[i].success for i in drawn], bool)
 
 
 class Gate:

@@ -6,8 +6,9 @@ gate setting would have saved on that policy's rollouts, and at what cost, befor
 spent on it: each step, the outcome predictor is fit on what a gated run would have had by then
 (`--replay`, plus the earlier steps' anchors and uncut rollouts), a share `anchor_fraction` of each
 group is drawn as anchors, every other rollout is cut at the first chunk the rule cuts it, and the
-anchors, scored by the predictor before it learns from them, recalibrate the gate. Exactly the
-objects and order GRPO's gated execution uses (`GRPOTrainer.rollouts` and `corrections`).
+anchors, scored by the predictor before it learns from them, recalibrate the gate (with
+`--warm-start`, first calibrated on the `--replay` episodes, cross-fitted). Exactly the objects and
+order GRPO's gated execution uses (`GRPOTrainer.rollouts` and `corrections`).
 
 What it cannot show: how the gate's rewards (a cut rollout's reward is its prediction) would have
 changed the policy; the rollouts after the first step are the sparse run's, not a gated run's.
@@ -28,7 +29,8 @@ from minivla_wmrl.infra.config import check_config
 from minivla_wmrl.infra.outputs import write_json_output
 from minivla_wmrl.rl.anchors import pick_anchors
 from minivla_wmrl.rl.rollout import Trajectory
-from minivla_wmrl.train.gate import Gate, GateConfig, OutcomePredictor, cut_statistic, decision_steps
+from minivla_wmrl.train.gate import (Gate, GateConfig, OutcomePredictor, cross_fit_statistics, cut_statistic,
+                                     decision_steps)
 
 
 def first_cut(gate: Gate, probabilities: np.ndarray, trajectory: Trajectory) -> int:
@@ -47,6 +49,8 @@ def replay_gate(steps: list[list[Trajectory]], config: GateConfig, extra: list[T
     steps included), rollouts cut, and successes among them."""
     gate, predictor = Gate(config), OutcomePredictor(config.predictor, time_scale, seed)
     rng, labelled, rows = np.random.default_rng(seed), list(extra), []
+    if config.warm_start:
+        gate.observe(*cross_fit_statistics(extra, config, time_scale, seed))
     for number, rollouts in enumerate(tqdm(steps, desc=f"gate replay ({config.predictor})", leave=False), 1):
         unfit = predictor.fit(labelled)
         groups = np.arange(len(rollouts)) // group_size
@@ -87,7 +91,8 @@ def report_table(reports: list[dict]) -> str:
              "| successes cut | failures cut | real steps: fewer by |", "|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         g, t = r["gate"], r["total"]
-        lines.append(f"| {g['predictor']} | {g['min_steps']} | {g['patience']} | {g['wrong_cut_rate']} | "
+        predictor = g["predictor"] + (", warm start" if g.get("warm_start") else "")
+        lines.append(f"| {predictor} | {g['min_steps']} | {g['patience']} | {g['wrong_cut_rate']} | "
                      f"{t['first_cutting_step'] or '-'} | {t['cut']} | {t['successes_cut']} of "
                      f"{t['non_anchor_successes']} ({t['successes_cut_share']:.0%}) | {t['failures_cut']} of "
                      f"{t['non_anchor_failures']} ({t['failures_cut_share']:.0%}) | {t['saving']:.2f}x |")
@@ -104,13 +109,15 @@ def main(args) -> None:
     if not 0 < args.anchor_fraction < 1 or args.group_size < 1:
         raise ValueError(f"--anchor-fraction {args.anchor_fraction} and --group-size {args.group_size}: expected a "
                          "share in (0, 1) and a positive group size")
+    if args.warm_start and not args.replay:
+        raise ValueError("--warm-start calibrates the gate on the --replay episodes: name some")
     steps = [read_replay([f]) for f in files]
     extra = read_replay(args.replay) if args.replay else []
     reports = []
     for predictor, min_steps, patience, rate in itertools.product(args.predictor, args.min_steps, args.patience,
                                                                   args.wrong_cut_rate):
         config = replace(GateConfig(), predictor=predictor, min_steps=min_steps, patience=patience,
-                         wrong_cut_rate=rate, min_per_outcome=args.min_per_outcome)
+                         wrong_cut_rate=rate, min_per_outcome=args.min_per_outcome, warm_start=args.warm_start)
         check_config(config, "gate-report's gate")
         reports.append(replay_gate(steps, config, extra, args.group_size, args.anchor_fraction, args.time_scale,
                                    args.seed))

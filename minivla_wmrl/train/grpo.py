@@ -95,7 +95,8 @@ from minivla_wmrl.rl.env_setup import EnvSetup
 from minivla_wmrl.rl.init_states import VALIDATION_SEED_BASE, select_rl_init_states, vector_training_init_states
 from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from minivla_wmrl.rl.weighter import InverseVarianceWeighter
-from minivla_wmrl.train.gate import Gate, GateConfig, OutcomePredictor, cut_statistic, decision_steps
+from minivla_wmrl.train.gate import (Gate, GateConfig, OutcomePredictor, cross_fit_statistics, cut_statistic,
+                                     decision_steps)
 from minivla_wmrl.train.validation import SALT_VALIDATION, ValidationConfig, ValidationTracker, validation_seed
 from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
 from world_models.registry import make_scorer
@@ -458,6 +459,9 @@ class GRPOTrainer:
         if missing:
             raise FileNotFoundError(f"gate.replay: {missing} do not exist; expected replay files or directories "
                                     "(OUT/replay of a wm or grpo run)")
+        if self.gate and self.recipe.gate.warm_start and not self.recipe.gate.replay:
+            raise ValueError("gate.warm_start calibrates on gate.replay's episodes, and gate.replay is empty; name "
+                             "replay files or directories (OUT/replay of a wm or grpo run), or set warm_start false")
         self.predictor = OutcomePredictor(self.recipe.gate.predictor, grpo.max_real_steps, grpo.seed)
         self.predictor_unfit = "no predictor fit yet"  # why the predictor could not be fit (None: fit)
         self.gate_said = ""  # the gate's state as last printed
@@ -519,6 +523,10 @@ class GRPOTrainer:
         sources = files + [Path(p) for p in self.recipe.gate.replay]
         episodes = read_replay(sources) if sources else []
         self.predictor_unfit = self.predictor.fit(episodes)
+        if self.step == 0 and self.recipe.gate.warm_start:  # later, the gate's state (checkpointed) holds it
+            replay = read_replay([Path(p) for p in self.recipe.gate.replay])
+            self.gate.observe(*cross_fit_statistics(replay, self.recipe.gate, self.predictor.time_scale,
+                                                    self.predictor.seed))
 
     def _cut(self, prefixes: list[Trajectory]) -> list[bool]:
         """The gate's decision for running gated rollouts."""

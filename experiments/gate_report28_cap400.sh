@@ -1,0 +1,30 @@
+#!/bin/bash
+# Issue 31 at the protocol's cap, offline: how much the prefix holds and what the gate would save when task
+# 28's training rollouts run to 400 steps (experiments/gated28_cap400.sh's sparse400 seeds 0 and 1). The
+# probes are fit on the wm stage's collection and sparse400 seed 0, and tested on seed 1 (other weights,
+# never seen); then the gated arms' gate (min_steps 24, patience 1, wrong-cut rate 0.2) replayed on seed 1,
+# starting from the same episodes: time alone cold (calibrated on anchors only) and warm-started
+# (gate.warm_start), and the probe on policy signals + proprioception warm-started (the live gated400 arm).
+# Writes runs/gate_report28_cap400/*.json and their union docs/gate_report_task28_cap400.json.
+set -e
+cd "$(dirname "$0")/.."
+source .venv/bin/activate
+export OMP_NUM_THREADS=1
+R=runs/rl_cpu_t28
+O=runs/gate_report28_cap400
+mkdir -p $O
+TRAIN="$R/wm/replay $R/ablation/sparse400/seed0/replay"
+TEST=$R/ablation/sparse400/seed1/replay
+minivla-wmrl probe-report $TRAIN --test $TEST --steps 16 24 32 48 64 96 128 --time-scale 400 \
+  --json docs/probe_report_task28_cap400.json
+G="minivla-wmrl gate-report $TEST --replay $TRAIN --min-steps 24 --patience 1 --wrong-cut-rate 0.2 --time-scale 400"
+$G --predictor time --json $O/time_cold.json
+$G --predictor time proprio --warm-start --json $O/warm.json
+python - "$O" docs/gate_report_task28_cap400.json <<'PY'
+import json, sys
+from pathlib import Path
+parts = [json.loads((Path(sys.argv[1]) / f"{name}.json").read_text()) for name in ("time_cold", "warm")]
+union = {"run": parts[0]["run"], "extra": parts[0]["extra"], "command": "experiments/gate_report28_cap400.sh",
+         "reports": [report for part in parts for report in part["reports"]]}
+Path(sys.argv[2]).write_text(json.dumps(union, indent=1))
+PY
