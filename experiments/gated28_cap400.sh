@@ -13,8 +13,8 @@
 #     outcome probe on policy signals + proprioception, and with time alone; seeds $GATED_SEEDS (default [0];
 #     empty: left out). The predictor is refit every step on the wm stage's collection, sparse400 seeds 0-1
 #     and the run's own earlier steps; the gate is first calibrated on those replay episodes, cross-fitted
-#     (gate.warm_start: offline, on sparse400 seed 1, the time gate opened at step 6 without it and saved
-#     1.44x; from step 1 with it, 2.09x).
+#     (gate.warm_start: offline, on sparse400 seed 1, the time gate opened at step 7 without it and saved
+#     1.35x; from step 1 with it, 2.09x).
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
 set -e
 cd "$(dirname "$0")/.."

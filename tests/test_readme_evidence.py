@@ -86,28 +86,34 @@ def test_the_gate_report_table_is_the_committed_replay():
     assert f"{total['saving']:.2f}× against" in (ROOT / "docs" / "wmrl_grpo.md").read_text()
 
 
+def _assert_gated_row(text: str, start: str, arm: dict, sparse_per_step: float) -> None:
+    """The one row of `text` starting with `start` shows the arm's seeds, success, difference to SFT and cost."""
+    low, high = arm["vs_sft"]["ci95"]
+    expected = [f"| {len(arm['held_out_per_seed'])} |", f"{100 * arm['held_out']['mean']:.1f}%",
+                ", ".join(f"{100 * s:.0f}" for s in arm["held_out_per_seed"]) + "%",
+                f"{_points(arm['vs_sft']['difference'])} [{_points(low)}, {_points(high)}]",
+                f"{arm['real_steps_per_grpo_step']:.0f}", f"{sparse_per_step / arm['real_steps_per_grpo_step']:.2f}×"]
+    (row,) = [line for line in text.splitlines() if line.startswith(start)]
+    for figure in expected:
+        assert figure in row, (arm["arm"], figure, row)
+
+
 def test_the_gated_ablation_rows_are_the_committed_ablation():
     """README's and docs/wmrl_grpo.md's gated-execution rows, from docs/ablation_rl_cpu_t28.json."""
     report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28.json")
     arms = {arm["arm"]: arm for arm in report["arms"]}
     sparse_per_step = arms["sparse"]["real_steps_per_grpo_step"]
-    readme = (ROOT / "README.md").read_text().split("**Does the world model save real execution?")[1]
-    docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### The deciding ablation")[1]
+    readme = (ROOT / "README.md").read_text().split("**Does the world model save real execution?")[1].split(
+        "**At the protocol's cap")[0]
+    docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### The deciding ablation")[1].split(
+        "### At the protocol's cap")[0]
     rows = {"sparse": ("| sparse GRPO |", "| sparse |"), "gated24": ("| gated, outcome probe |", "| gated24 ("),
             "gated24_time": ("| gated, time alone |", "| gated24_time ("),
             "truncated": ("| fixed-horizon truncation |", "| truncated (")}
     for name, starts in rows.items():
         arm = arms[name]
-        low, high = arm["vs_sft"]["ci95"]
-        expected = [f"| {len(arm['held_out_per_seed'])} |", f"{100 * arm['held_out']['mean']:.1f}%",
-                    ", ".join(f"{100 * s:.0f}" for s in arm["held_out_per_seed"]) + "%",
-                    f"{_points(arm['vs_sft']['difference'])} [{_points(low)}, {_points(high)}]",
-                    f"{arm['real_steps_per_grpo_step']:.0f}",
-                    f"{sparse_per_step / arm['real_steps_per_grpo_step']:.2f}×"]
         for text, start in zip((readme, docs), starts):
-            (row,) = [line for line in text.splitlines() if line.startswith(start)]
-            for figure in expected:
-                assert figure in row, (name, figure, row)
+            _assert_gated_row(text, start, arm, sparse_per_step)
         (docs_row,) = [line for line in docs.splitlines() if line.startswith(starts[1])]
         assert f"| {100 * arm['cut_share']:.0f}% |" in docs_row, (name, docs_row)
 
@@ -174,3 +180,31 @@ def test_readme_prefix_auroc_rows_are_the_committed_probe_reports():
         r = rows[steps]
         cells = f"| {steps} | {r['probe_running']:.2f} | {r['proprio_running']:.2f} | {r['privileged_running']:.2f} |"
         assert cells in readme, cells
+
+
+def test_the_cap_400_rows_are_the_committed_ablation_and_replay():
+    """README's and docs/wmrl_grpo.md's cap-400 rows, from docs/ablation_rl_cpu_t28_cap400.json, and the
+    docs' replay table from docs/gate_report_task28_cap400.json."""
+    import json
+
+    from minivla_wmrl.train.gate_report import report_table
+
+    report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400.json")
+    arms = {arm["arm"]: arm for arm in report["arms"]}
+    readme = (ROOT / "README.md").read_text().split("**At the protocol's cap")[1].split("Evidence:")[0]
+    docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### At the protocol's cap")[1]
+    rows = {"sparse400": ("| sparse GRPO |", "| sparse400 |"),
+            "gated400": ("| gated, probe with proprioception |", "| gated400 ("),
+            "gated400_time": ("| gated, time alone |", "| gated400_time (")}
+    assert sorted(arms) == sorted(rows) and f"SFT {100 * report['sft']['success_rate']:.1f}%" in readme
+    sparse_per_step = arms["sparse400"]["real_steps_per_grpo_step"]
+    for name, starts in rows.items():
+        for text, start in zip((readme, docs), starts):
+            _assert_gated_row(text, start, arms[name], sparse_per_step)
+    ratio = arms["gated400"]["real_step_ratio_interval"]
+    low, high = ratio["ci95"]
+    claim = (f"{arms['gated400']['real_step_ratio']:.2f}× fewer real steps [{low:.2f},\n  {high:.2f} over resampled "
+             f"seeds; reached in {100 * ratio['reached_share']:.0f}% of resamples]")
+    assert claim in readme, claim
+    replay = json.loads((ROOT / "docs" / "gate_report_task28_cap400.json").read_text())
+    assert report_table(replay["reports"]) in docs
