@@ -334,7 +334,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
                          if setting(previous, k) != run_settings[k] and k not in ("torch", "python"))
         if changed:
             raise SettingsChanged(f"{out} holds an evaluation with other settings ({', '.join(changed)}); "
-                             "resume with the same settings or choose another --out")
+                                  "resume with the same settings or choose another --out")
     else:
         _write_atomic(settings_path, json.dumps(run_settings, indent=2))
     record_versions(out)
