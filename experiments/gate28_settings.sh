@@ -1,4 +1,4 @@
-# Sourced by gated28.sh and gated28_cap400.sh: task 28's ablation directory and the gated arms' settings.
+# Sourced by gated28.sh: task 28's ablation directory and the gated arms' settings (cap 120).
 # Gated execution: 1 anchor in 4 runs to the cap; another is cut once the outcome predictor has said
 # failure for `patience` chunks in a row after `min_steps`, under a threshold the anchors calibrate for
 # `wrong_cut_rate`. The predictor is refit every step on the wm stage's collection, the run's own earlier
