@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 
 from minivla_wmrl.evaluation.statistics import auroc
-from minivla_wmrl.train.gate import Gate, GateConfig, cut_statistic, decision_steps
+from minivla_wmrl.train.gate import (Gate, GateConfig, OutcomePredictor, cross_fit_statistics, cut_statistic,
+                                     decision_steps)
 from minivla_wmrl.train.grpo import GRPOTrainer, train_grpo, validate
 from tests.test_learning import EPISODE_STEPS, learning_recipe, start  # noqa: F401  (start: the fixture)
+from tests.test_outcome_probe import CAP, rollouts
 
 
 def test_the_cut_statistic_is_the_lowest_threshold_at_which_the_rule_cuts():
@@ -57,9 +59,6 @@ def test_the_gate_stops_cutting_when_its_predictor_degrades_and_restores_from_it
 
 
 def test_warm_start_statistics_are_cross_fitted_and_fill_one_window():
-    from minivla_wmrl.train.gate import OutcomePredictor, cross_fit_statistics
-    from tests.test_outcome_probe import CAP, rollouts
-
     episodes = rollouts(0, 60)  # successes planted in the policy's signals
     config = GateConfig(predictor="policy", min_steps=24, patience=1, window=40, min_per_outcome=4)
     statistics, outcomes = cross_fit_statistics(episodes, config, CAP)

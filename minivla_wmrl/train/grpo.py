@@ -524,8 +524,8 @@ class GRPOTrainer:
         episodes = read_replay(sources) if sources else []
         self.predictor_unfit = self.predictor.fit(episodes)
         if self.step == 0 and self.recipe.gate.warm_start:  # later, the gate's state (checkpointed) holds it
-            replay = read_replay([Path(p) for p in self.recipe.gate.replay])
-            self.gate.observe(*cross_fit_statistics(replay, self.recipe.gate, self.predictor.time_scale,
+            # before step 1 (replay files are step_1 on) the episodes are gate.replay's alone
+            self.gate.observe(*cross_fit_statistics(episodes, self.recipe.gate, self.predictor.time_scale,
                                                     self.predictor.seed))
 
     def _cut(self, prefixes: list[Trajectory]) -> list[bool]:
