@@ -10,8 +10,8 @@
 #   sparse400: full execution, seeds $SPARSE_SEEDS (default [0, 1]); its rollouts are also the predictor's
 #     replay and `gate-report`'s data (experiments/gate_report28_cap400.sh)
 #   gated400, gated400_time: the gated arms' gate (min_steps 24, patience 1, wrong-cut rate 0.2) with the
-#     outcome probe on policy signals + proprioception, and with time alone; seeds $GATED_SEEDS (default [0];
-#     empty: left out). The predictor is refit every step on the wm stage's collection, sparse400 seeds 0-1
+#     outcome probe on policy signals + proprioception, seeds $GATED_SEEDS (default [0]; empty: both arms left
+#     out), and with time alone, seeds $TIME_SEEDS (default $GATED_SEEDS). The predictor is refit every step on the wm stage's collection, sparse400 seeds 0-1
 #     and the run's own earlier steps; the gate is first calibrated on those replay episodes, cross-fitted
 #     (gate.warm_start: offline, on sparse400 seed 1, the time gate opened at step 7 without it and saved
 #     1.35x; from step 1 with it, 2.09x).
@@ -26,10 +26,11 @@ REPLAY="[$R/wm/replay, $R/ablation/sparse400/seed0/replay, $R/ablation/sparse400
 GATE="grpo.execution=gated, grpo.anchor_fraction=0.25, 'gate.replay=$REPLAY', gate.min_steps=24, gate.patience=1, gate.wrong_cut_rate=0.2, gate.warm_start=true"
 SPARSE_SEEDS=${SPARSE_SEEDS:-[0, 1]}
 GATED_SEEDS=${GATED_SEEDS-[0]}
+TIME_SEEDS=${TIME_SEEDS:-$GATED_SEEDS}
 ARMS="{name: sparse400, seeds: $SPARSE_SEEDS, overrides: [$CAP]}"
 if [ -n "$GATED_SEEDS" ]; then
   ARMS="$ARMS, {name: gated400, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio]}, \
-{name: gated400_time, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=time]}"
+{name: gated400_time, seeds: $TIME_SEEDS, overrides: [$CAP, $GATE, gate.predictor=time]}"
 fi
 minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' 'ablation.seeds=[0,1,2,3,4]' \
   ablation.eval_every=5 "ablation.arms=[$ARMS]" --parallel ${PARALLEL:-2} "$@"
