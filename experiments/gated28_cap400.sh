@@ -11,8 +11,8 @@
 #     replay and `gate-report`'s data (experiments/gate_report28_cap400.sh)
 #   gated400, gated400_time: the gated arms' gate (min_steps 24, patience 1, wrong-cut rate 0.2) with the
 #     outcome probe on policy signals + proprioception, seeds $GATED_SEEDS (default [0]; empty: both arms left
-#     out), and with time alone, seeds $TIME_SEEDS (default $GATED_SEEDS). The predictor is refit every step on the wm stage's collection, sparse400 seeds 0-1
-#     and the run's own earlier steps; the gate is first calibrated on those replay episodes, cross-fitted
+#     out), and with time alone, seeds $TIME_SEEDS (default $GATED_SEEDS). The predictor is refit every step
+#     on the wm stage's collection, sparse400 seeds 0-1 and the run's own earlier steps; the gate is first calibrated on those replay episodes, cross-fitted
 #     (gate.warm_start: offline, on sparse400 seed 1, the time gate opened at step 7 without it and saved
 #     1.35x; from step 1 with it, 2.09x).
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
