@@ -15,6 +15,9 @@
 #     on the wm stage's collection, sparse400 seeds 0-1 and the run's own earlier steps; the gate is first calibrated on those replay episodes, cross-fitted
 #     (gate.warm_start: offline, on sparse400 seed 1, the time gate opened at step 7 without it and saved
 #     1.35x; from step 1 with it, 2.09x).
+#   gated400_cut10: gated400 at a wrong-cut rate of 0.1, seeds $CUT10_SEEDS (default none; needs GATED_SEEDS set,
+#     as its arm index, hence its GRPO seeds s + 3000, assumes the three arms before it). Offline on sparse400
+#     seed 1 the probe then cuts 4 of 57 successes instead of 9, for 1.79x fewer real steps instead of 2.08x.
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
 set -e
 cd "$(dirname "$0")/.."
@@ -27,10 +30,14 @@ GATE="grpo.execution=gated, grpo.anchor_fraction=0.25, 'gate.replay=$REPLAY', ga
 SPARSE_SEEDS=${SPARSE_SEEDS:-[0, 1]}
 GATED_SEEDS=${GATED_SEEDS-[0]}
 TIME_SEEDS=${TIME_SEEDS:-$GATED_SEEDS}
+CUT10_SEEDS=${CUT10_SEEDS:-}
 ARMS="{name: sparse400, seeds: $SPARSE_SEEDS, overrides: [$CAP]}"
 if [ -n "$GATED_SEEDS" ]; then
   ARMS="$ARMS, {name: gated400, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio]}, \
 {name: gated400_time, seeds: $TIME_SEEDS, overrides: [$CAP, $GATE, gate.predictor=time]}"
+  if [ -n "$CUT10_SEEDS" ]; then
+    ARMS="$ARMS, {name: gated400_cut10, seeds: $CUT10_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, gate.wrong_cut_rate=0.1]}"
+  fi
 fi
 minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' 'ablation.seeds=[0,1,2,3,4]' \
   ablation.eval_every=5 "ablation.arms=[$ARMS]" --parallel ${PARALLEL:-2} "$@"

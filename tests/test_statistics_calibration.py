@@ -7,6 +7,7 @@ flip of its state's success probability. With no true effect, the reported 95% s
 interval must exclude zero in ≤ 7% of ablations; with a planted effect it must cover it in
 ≥ 90%. Pooling the seeds' episodes into one state-level bootstrap, as reported before, fails.
 The mean over several tasks' ablations (`pooled_over_tasks`) is held to the same standard.
+So is the comparison of two trained arms (gated against sparse), which share no evaluation.
 """
 
 import numpy as np
@@ -22,38 +23,50 @@ from minivla_wmrl.evaluation.statistics import (
 STATES, SAMPLES, ABLATIONS = 25, 2, 300
 
 
-def simulate(rng, seeds: int, seed_sd: float, effect: float):
-    """SFT's episodes and each seed's checkpoint's, by (state, sample)."""
+def episodes(rng, p_by_state, keys) -> dict:
+    return {key: rng.random() < p_by_state[key[0]] for key in keys}
+
+
+def trained(rng, difficulty, keys, seeds: int, seed_sd: float, effect: float) -> list[dict]:
+    """One checkpoint per training seed, each shifted from `difficulty` by `effect` + its own noise."""
+    return [episodes(rng, np.clip(difficulty + effect + rng.normal(0, seed_sd), 0, 1), keys) for _ in range(seeds)]
+
+
+def simulate(rng, seeds: int, seed_sd: float, effect: float, compare: str = "sft"):
+    """A's and B's episodes by (state, sample): `compare` "sft", one SFT evaluation (shared by every
+    seed) and each seed's checkpoint; "arms", two trained arms (a +12-point gain, then `effect` more
+    for B), each seed its own run of each."""
     difficulty = rng.uniform(0.2, 0.6, STATES)
     keys = [(u, k) for u in range(STATES) for k in range(SAMPLES)]
-    sft = {key: rng.random() < difficulty[key[0]] for key in keys}
-    checkpoints = []
-    for _ in range(seeds):
-        p = np.clip(difficulty + effect + rng.normal(0, seed_sd), 0, 1)
-        checkpoints.append({key: rng.random() < p[key[0]] for key in keys})
-    return sft, checkpoints
+    if compare == "sft":
+        return [episodes(rng, difficulty, keys)] * seeds, trained(rng, difficulty, keys, seeds, seed_sd, effect)
+    return (trained(rng, difficulty, keys, seeds, seed_sd, 0.12),
+            trained(rng, difficulty, keys, seeds, seed_sd, 0.12 + effect))
 
 
-def rates(seeds: int, seed_sd: float, effect: float) -> tuple[float, float]:
-    """(share of seed-level intervals excluding zero, share covering `effect`), and the same share
-    for pooled intervals, over simulated ablations."""
-    rng = np.random.default_rng(1000 * seeds + int(100 * seed_sd) + int(100 * effect))
+def rates(seeds: int, seed_sd: float, effect: float, compare: str = "sft") -> tuple[float, float, float, float]:
+    """Over simulated ablations: the share of seed-level intervals excluding zero, the share covering
+    `effect`, the share of pooled-episode intervals excluding zero, and the seed-level intervals'
+    median width."""
+    rng = np.random.default_rng(1000 * seeds + int(100 * seed_sd) + int(100 * effect) + (compare == "arms"))
     excluded = covered = pooled_excluded = 0
+    widths = []
     for i in range(ABLATIONS):
-        sft, checkpoints = simulate(rng, seeds, seed_sd, effect)
-        low, high = seed_level_difference([sft] * seeds, checkpoints, resamples=400, seed=i)["ci95"]
+        a, b = simulate(rng, seeds, seed_sd, effect, compare)
+        low, high = seed_level_difference(a, b, resamples=400, seed=i)["ci95"]
         excluded += not low <= 0 <= high
         covered += low <= effect <= high
-        pooled_a = {((u, k), s): v for s in range(seeds) for (u, k), v in sft.items()}
-        pooled_b = {((u, k), s): v for s, c in enumerate(checkpoints) for (u, k), v in c.items()}
+        widths.append(high - low)
+        pooled_a = {(key, s): v for s, episodes_a in enumerate(a) for key, v in episodes_a.items()}
+        pooled_b = {(key, s): v for s, episodes_b in enumerate(b) for key, v in episodes_b.items()}
         low, high = paired_difference(pooled_a, pooled_b)["ci95"]
         pooled_excluded += not low <= 0 <= high
-    return excluded / ABLATIONS, covered / ABLATIONS, pooled_excluded / ABLATIONS
+    return excluded / ABLATIONS, covered / ABLATIONS, pooled_excluded / ABLATIONS, float(np.median(widths))
 
 
 @pytest.mark.parametrize("seeds, seed_sd", [(3, 0.0), (3, 0.08), (5, 0.08)])
 def test_no_true_effect_is_rarely_reported(seeds, seed_sd):
-    false_positives, _, pooled = rates(seeds, seed_sd, effect=0.0)
+    false_positives, _, pooled, _ = rates(seeds, seed_sd, effect=0.0)
     assert false_positives <= 0.07
     if seed_sd:
         assert pooled > 0.07  # what the pooled statistics claimed: the test can tell the difference
@@ -61,7 +74,20 @@ def test_no_true_effect_is_rarely_reported(seeds, seed_sd):
 
 @pytest.mark.parametrize("seeds", [3, 5])
 def test_a_planted_effect_is_covered(seeds):
-    _, coverage, _ = rates(seeds, 0.08, effect=0.15)
+    _, coverage, _, _ = rates(seeds, 0.08, effect=0.15)
+    assert coverage >= 0.90
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_two_trained_arms_are_compared_calibrated_and_informative(seeds):
+    """Arm against arm (gated against sparse): no shared SFT evaluation, so the states' shared part
+    cancels. Calibrated as against SFT, and not uninformative: the untruncated degrees of freedom fell
+    to ~1 here, for median widths of 100 (3 seeds) and 46 points (5 seeds) with no seed variation."""
+    false_positives, _, _, width = rates(seeds, 0.0, effect=0.0, compare="arms")
+    assert false_positives <= 0.07 and width <= 0.40
+    false_positives, _, _, _ = rates(seeds, 0.08, effect=0.0, compare="arms")
+    assert false_positives <= 0.07
+    _, coverage, _, _ = rates(seeds, 0.08, effect=0.15, compare="arms")
     assert coverage >= 0.90
 
 
@@ -86,6 +112,13 @@ def test_degrees_of_freedom_follow_where_the_variation_is():
     assert satterthwaite_df(seeds_differ) == pytest.approx(4, abs=0.5)  # seeds − 1
     states_differ = np.repeat(rng.normal(0, 1, (1, 30)), 5, axis=0) + rng.normal(0, 0.1, (5, 30))
     assert satterthwaite_df(states_differ) > 25  # shared by every seed (e.g. the one SFT evaluation's): ~states − 1
+    # seeds that differ a little more than the episodes do, and no state component (two trained arms):
+    # MS_seeds + MS_states − MS_residual nearly cancels; the negative states component counts as 0
+    noise = rng.normal(0, 1, (5, 30))
+    noise -= noise.mean(axis=0, keepdims=True) + noise.mean(axis=1, keepdims=True) - noise.mean()
+    residual_ms = (noise ** 2).sum() / (4 * 29)
+    row_effects = np.array([1.0, -1.0, 1.0, -1.0, 0.0]) * np.sqrt(1.1 * residual_ms * 4 / (30 * 4))
+    assert satterthwaite_df(noise + row_effects[:, None]) == pytest.approx(4)
 
 
 @pytest.mark.parametrize("effects", [(0.0, 0.0, 0.0), (0.15, -0.05, 0.05)])
@@ -97,8 +130,7 @@ def test_the_mean_over_tasks_is_calibrated(effects):
     for i in range(experiments):
         per_task = []
         for effect in effects:
-            sft, checkpoints = simulate(rng, 5, 0.08, effect)
-            per_task.append(seed_level_difference([sft] * 5, checkpoints, resamples=400, seed=i))
+            per_task.append(seed_level_difference(*simulate(rng, 5, 0.08, effect), resamples=400, seed=i))
         low, high = pooled_over_tasks(per_task)["ci95"]
         covered += low <= truth <= high
     assert covered / experiments >= (0.93 if truth == 0 else 0.90)
