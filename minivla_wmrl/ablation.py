@@ -76,6 +76,7 @@ from minivla_wmrl.train.validation import ValidationConfig, ValidationTracker
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
 SEED_LIMIT = 2**32  # GRPO seeds reach numpy: 0 <= seed < 2**32
+MIN_RATIOS = 40  # a 95% percentile interval needs a value beyond each 2.5% tail
 CELL_MAY_DIFFER = marked_keys(GRPORecipe, RUNTIME)  # where and how a cell runs, not what it computes
 
 
@@ -553,8 +554,9 @@ def steps_to_reach(curve: list[dict], sft_success: float, target: float) -> tupl
 def real_step_ratio_interval(first: list[list], arm: list[list], sft_success: float, resamples: int = 2000,
                              seed: int = 0) -> dict | None:
     """Percentile interval of the real-step ratio with seeds resampled (each arm's independently):
-    the first arm's steps to reach its own final mean success over this arm's steps to reach it.
-    Also the share of resamples in which the arm reached it at all. None with one seed in either."""
+    the first arm's steps to reach its own final mean success over this arm's steps to reach it,
+    among the resamples in which the arm reached it at all (their share is returned too; the interval
+    is None when fewer than `MIN_RATIOS` did). None with one seed in either."""
     if len(first) < 2 or len(arm) < 2 or any(len(c) != len(first[0]) for c in first) \
             or any(len(c) != len(arm[0]) for c in arm):
         return None
@@ -573,7 +575,7 @@ def real_step_ratio_interval(first: list[list], arm: list[list], sft_success: fl
             reached += 1
             if needs > 0:
                 ratios.append(first_needs / needs)
-    if not ratios:
+    if len(ratios) < MIN_RATIOS:
         return {"ci95": None, "reached_share": reached / resamples}
     return {"ci95": [float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))],
             "reached_share": reached / resamples}
@@ -658,9 +660,9 @@ def ablation_table(report: dict) -> str:
         spread_text = ""
         if spread is not None and spread["ci95"] is not None:
             spread_text = (f" [{spread['ci95'][0]:.2f}, {spread['ci95'][1]:.2f}], reached in "
-                           f"{100 * spread['reached_share']:.0f}%")
+                           f"{100 * spread['reached_share']:.1f}%")
         elif spread is not None:
-            spread_text = f", reached in {100 * spread['reached_share']:.0f}%"
+            spread_text = f", reached in {100 * spread['reached_share']:.1f}%"
         lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} "
                      f"({per_step_first / arm['real_steps_per_grpo_step']:.2f}×) | "
                      f"{100 * arm['cut_share']:.0f}% | "

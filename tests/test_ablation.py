@@ -256,6 +256,8 @@ def test_the_real_step_ratio_interval_resamples_seeds():
     assert result["reached_share"] == 1.0 and 1 < result["ci95"][0] <= result["ci95"][1]
     never = [[(50.0, 0.1), (100.0, 0.1)]] * 3
     assert real_step_ratio_interval(first, never, sft_success=0.1) == {"ci95": None, "reached_share": 0.0}
+    too_few = real_step_ratio_interval(first, faster, sft_success=0.1, resamples=20)  # < 40 ratios: no 95% interval
+    assert too_few == {"ci95": None, "reached_share": 1.0}
     assert real_step_ratio_interval(first[:1], faster, sft_success=0.1) is None  # one seed: no interval
 
 

@@ -195,7 +195,8 @@ def test_the_cap_400_rows_are_the_committed_ablation_and_replay():
     docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### At the protocol's cap")[1]
     rows = {"sparse400": ("| sparse GRPO |", "| sparse400 |"),
             "gated400": ("| gated, probe with proprioception |", "| gated400 ("),
-            "gated400_time": ("| gated, time alone |", "| gated400_time (")}
+            "gated400_time": ("| gated, time alone |", "| gated400_time ("),
+            "gated400_cut10": ("| gated, probe, wrong-cut rate 0.1 |", "| gated400_cut10 (")}
     assert sorted(arms) == sorted(rows) and f"SFT {100 * report['sft']['success_rate']:.1f}%" in readme
     sparse_per_step = arms["sparse400"]["real_steps_per_grpo_step"]
     for name, starts in rows.items():
@@ -207,7 +208,7 @@ def test_the_cap_400_rows_are_the_committed_ablation_and_replay():
                 (row,) = [line for line in text.splitlines() if line.startswith(start)]
                 figure = f"| {_points(vs_sparse['difference'])} [{_points(low)}, {_points(high)}] |"
                 assert figure in row, (name, figure, row)
-    for name in ("gated400", "gated400_time"):  # the per-seed differences the README lists
+    for name in ("gated400", "gated400_time", "gated400_cut10"):  # the per-seed differences the README lists
         per_seed = ", ".join(_points(seed["difference"]).removesuffix(".0")
                              for seed in arms[name]["vs_first_arm"]["per_seed"])
         assert per_seed in " ".join(readme.split()), (name, per_seed)
