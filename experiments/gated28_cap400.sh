@@ -18,6 +18,9 @@
 #   gated400_cut10: gated400 at a wrong-cut rate of 0.1, seeds $CUT10_SEEDS (default none; needs GATED_SEEDS set,
 #     as its arm index, hence its GRPO seeds s + 3000, assumes the three arms before it). Offline on sparse400
 #     seed 1 the probe then cuts 4 of 57 successes instead of 9, for 1.79x fewer real steps instead of 2.08x.
+#   gated400_long: gated400 for 28 GRPO steps instead of 14 (~61k real steps, about sparse400's 67k budget, where
+#     its 14 steps end at ~31k), so its curve can reach sparse400's final success; seeds $LONG_SEEDS (default none;
+#     needs CUT10_SEEDS set: arm index 4, GRPO seeds s + 4000).
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
 set -e
 cd "$(dirname "$0")/.."
@@ -31,12 +34,16 @@ SPARSE_SEEDS=${SPARSE_SEEDS:-[0, 1]}
 GATED_SEEDS=${GATED_SEEDS-[0]}
 TIME_SEEDS=${TIME_SEEDS:-$GATED_SEEDS}
 CUT10_SEEDS=${CUT10_SEEDS:-}
+LONG_SEEDS=${LONG_SEEDS:-}
 ARMS="{name: sparse400, seeds: $SPARSE_SEEDS, overrides: [$CAP]}"
 if [ -n "$GATED_SEEDS" ]; then
   ARMS="$ARMS, {name: gated400, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio]}, \
 {name: gated400_time, seeds: $TIME_SEEDS, overrides: [$CAP, $GATE, gate.predictor=time]}"
   if [ -n "$CUT10_SEEDS" ]; then
     ARMS="$ARMS, {name: gated400_cut10, seeds: $CUT10_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, gate.wrong_cut_rate=0.1]}"
+    if [ -n "$LONG_SEEDS" ]; then
+      ARMS="$ARMS, {name: gated400_long, seeds: $LONG_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, grpo.steps=28]}"
+    fi
   fi
 fi
 minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' 'ablation.seeds=[0,1,2,3,4]' \
