@@ -658,11 +658,9 @@ def ablation_table(report: dict) -> str:
             "" if auroc["ci95"] is None else f" [{auroc['ci95'][0]:.2f}, {auroc['ci95'][1]:.2f}]")
         spread = arm.get("real_step_ratio_interval")
         spread_text = ""
-        if spread is not None and spread["ci95"] is not None:
-            spread_text = (f" [{spread['ci95'][0]:.2f}, {spread['ci95'][1]:.2f}], reached in "
-                           f"{100 * spread['reached_share']:.1f}%")
-        elif spread is not None:
-            spread_text = f", reached in {100 * spread['reached_share']:.1f}%"
+        if spread is not None:
+            interval = "" if spread["ci95"] is None else f" [{spread['ci95'][0]:.2f}, {spread['ci95'][1]:.2f}]"
+            spread_text = f"{interval}, reached in {100 * spread['reached_share']:.1f}%"
         lines.append(f"| {arm['arm']} | {arm['real_steps_per_grpo_step']:.0f} "
                      f"({per_step_first / arm['real_steps_per_grpo_step']:.2f}×) | "
                      f"{100 * arm['cut_share']:.0f}% | "

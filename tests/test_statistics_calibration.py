@@ -117,7 +117,7 @@ def test_degrees_of_freedom_follow_where_the_variation_is():
     noise = rng.normal(0, 1, (5, 30))
     noise -= noise.mean(axis=0, keepdims=True) + noise.mean(axis=1, keepdims=True) - noise.mean()
     residual_ms = (noise ** 2).sum() / (4 * 29)
-    row_effects = np.array([1.0, -1.0, 1.0, -1.0, 0.0]) * np.sqrt(1.1 * residual_ms * 4 / (30 * 4))
+    row_effects = np.array([1.0, -1.0, 1.0, -1.0, 0.0]) * np.sqrt(1.1 * residual_ms / 30)  # MS_seeds = 1.1 MS_res
     assert satterthwaite_df(noise + row_effects[:, None]) == pytest.approx(4)
 
 
