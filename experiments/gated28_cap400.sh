@@ -21,6 +21,11 @@
 #   gated400_long: gated400 for 28 GRPO steps instead of 14 (~61k real steps, about sparse400's 67k budget, where
 #     its 14 steps end at ~31k), so its curve can reach sparse400's final success; seeds $LONG_SEEDS (default none;
 #     needs CUT10_SEEDS set: arm index 4, GRPO seeds s + 4000).
+#   oracle400: sparse400 whose update a perfect gate would have made (grpo.oracle_cut_steps 24: every failure
+#     except a quarter of each group, picked regardless of outcome as the gated arms' anchors are, trains on its
+#     first 3 queries alone); full execution, so it saves nothing: does a perfect predictor close the gated arms'
+#     gap, or does cutting itself cost learning? Seeds $ORACLE_SEEDS (default none; needs LONG_SEEDS set: arm
+#     index 5, GRPO seeds s + 5000).
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
 set -e
 cd "$(dirname "$0")/.."
@@ -35,6 +40,7 @@ GATED_SEEDS=${GATED_SEEDS-[0]}
 TIME_SEEDS=${TIME_SEEDS:-$GATED_SEEDS}
 CUT10_SEEDS=${CUT10_SEEDS:-}
 LONG_SEEDS=${LONG_SEEDS:-}
+ORACLE_SEEDS=${ORACLE_SEEDS:-}
 ARMS="{name: sparse400, seeds: $SPARSE_SEEDS, overrides: [$CAP]}"
 if [ -n "$GATED_SEEDS" ]; then
   ARMS="$ARMS, {name: gated400, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio]}, \
@@ -43,6 +49,9 @@ if [ -n "$GATED_SEEDS" ]; then
     ARMS="$ARMS, {name: gated400_cut10, seeds: $CUT10_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, gate.wrong_cut_rate=0.1]}"
     if [ -n "$LONG_SEEDS" ]; then
       ARMS="$ARMS, {name: gated400_long, seeds: $LONG_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, grpo.steps=28]}"
+      if [ -n "$ORACLE_SEEDS" ]; then
+        ARMS="$ARMS, {name: oracle400, seeds: $ORACLE_SEEDS, overrides: [$CAP, grpo.oracle_cut_steps=24, grpo.anchor_fraction=0.25]}"
+      fi
     fi
   fi
 fi

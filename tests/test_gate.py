@@ -141,11 +141,50 @@ def test_gated_grpo_resumes_exactly(start, tmp_path):  # noqa: F811
     assert sum(r["cut_rollouts"] for r in whole) > 0
 
 
+def test_the_oracle_cut_trains_failures_outside_the_whole_quarter_on_their_first_chunk_alone(start, tmp_path):  # noqa: F811
+    """`oracle_cut_steps` 8: each group of 8 keeps 2 rollouts whole, picked regardless of outcome; every
+    other failure offers the loss only its first query (issued at step 0, before the cut), as a gate
+    that cut exactly the failures at step 8 would leave it; successes keep all theirs."""
+    recipe = learning_recipe(start, tmp_path, steps=1, grouping="init_state", oracle_cut_steps=8, anchor_fraction=0.25)
+    trainer = GRPOTrainer(recipe, progress=False)
+    seen = []
+    original = trainer._samples
+
+    def samples(batch, advantages):  # with the step's choice of whole rollouts (drawn per step)
+        seen.append((batch, trainer._trainable_queries(batch), original(batch, advantages)))
+        return seen[-1][2]
+
+    trainer._samples = samples
+    try:
+        record = trainer.train_step()
+    finally:
+        trainer.close()
+    (batch, queries, samples), = seen
+    whole = queries == batch.num_queries
+    failed = batch.outcomes == 0
+    assert (batch.num_queries[failed] == 2).all()  # failures ran both chunks
+    np.testing.assert_array_equal(queries[failed & ~whole], 1)
+    for group in np.unique(batch.groups):
+        members = batch.groups == group
+        assert (members & whole & failed).sum() <= 2 <= (members & whole).sum()  # 2 picked, successes whole anyway
+    assert (failed & ~whole).any() and (failed & whole).any()
+    picked = {}
+    for s in samples:
+        picked.setdefault(s.rollout, []).append(s.query)
+    assert record["samples"] == len(samples) and picked
+    assert all(picked[k] == list(range(queries[k])) for k in picked)  # 2 queries a rollout sampled: all it offers
+    assert any(failed[k] and not whole[k] for k in picked) and any(failed[k] and whole[k] for k in picked)
+    assert record["real_steps"] == sum(t.length for t in batch.trajectories)  # full execution: nothing saved
+
+
 def test_gated_settings_are_checked(start, tmp_path):  # noqa: F811
     with pytest.raises(ValueError, match="'gated' needs reward_mode sparse"):
         validate(gated(start, tmp_path, reward_mode="dense_calib"))
     with pytest.raises(ValueError, match="anchor_fraction < 1"):
         validate(gated(start, tmp_path, anchor_fraction=1.0))
+    for oracle in ({"execution": "gated"}, {"reward_mode": "dense_calib"}, {"anchor_fraction": 1.0}):
+        with pytest.raises(ValueError, match="oracle_cut_steps emulates a perfect gate"):
+            validate(learning_recipe(start, tmp_path, **{"oracle_cut_steps": 8, "anchor_fraction": 0.25, **oracle}))
     recipe = gated(start, tmp_path)
     recipe.gate.replay = [str(tmp_path / "missing")]
     with pytest.raises(FileNotFoundError, match="gate.replay"):  # before anything is written

@@ -110,6 +110,7 @@ SALT_QUERY_SAMPLES = 2_000_003  # which queries of each rollout enter the loss
 SALT_MINIBATCHES = 3_000_003  # the minibatch order of the update
 SALT_SHUFFLED_REWARDS = 4_000_003  # the control arm's derangement of rewards within groups
 SALT_TRUNCATED_ANCHORS = 5_000_003  # which rollouts are anchors under truncated or gated execution (per task, attempt)
+SALT_ORACLE_ANCHORS = 6_000_003  # which failed rollouts `oracle_cut_steps` leaves whole
 
 RewardMode = Literal["sparse", "dense_raw", "dense_calib", "sparse_scarce"]
 REWARD_MODES = typing.get_args(RewardMode)
@@ -149,6 +150,11 @@ class GRPOConfig:
     inner_epochs: Annotated[int, Range(1)] = 1  # with one epoch ρ = 1 and the clip never binds; use >= 2
     minibatch_size: Annotated[int, Range(1)] = 32  # queries per optimiser step
     queries_per_rollout: Annotated[int, Range(1)] = 12  # sampled queries per rollout in the loss
+    # diagnostic of gated execution (> 0; full execution, sparse rewards): every failed rollout except
+    # `anchor_fraction` of each group's, picked at random, trains on its queries issued before this env step
+    # alone: the update a gate that cut exactly the failures there would make, scoring them 0 (their real
+    # outcome). It saves no real step; it asks whether a perfect predictor would close gated execution's gap
+    oracle_cut_steps: Annotated[int, Range(0)] = 0
     kl_coef: Annotated[float, Range(0)] = 0.0  # KL to the starting policy (k3 estimator); the paper config has 0.04
     entropy_coef: Annotated[float, Range(0)] = 0.0
     lr: Annotated[float, Range(0)] = 1e-4
@@ -259,6 +265,11 @@ def validate(recipe: GRPORecipe) -> None:
             raise ValueError(f"grpo.execution {grpo.execution!r} needs reward_mode {needed}, anchor_fraction < 1 "
                              "(anchors are never cut) and no dynamic_sampling (a cut rollout's outcome is unknown); "
                              f"got {grpo.reward_mode}, {grpo.anchor_fraction}, {grpo.dynamic_sampling}")
+    if grpo.oracle_cut_steps and (grpo.execution != "full" or grpo.reward_mode != "sparse"
+                                  or grpo.anchor_fraction >= 1):
+        raise ValueError("grpo.oracle_cut_steps emulates a perfect gate's update from full execution with sparse "
+                         "rewards, keeping anchor_fraction < 1 of each group whole; got execution "
+                         f"{grpo.execution!r}, reward_mode {grpo.reward_mode!r}, anchor_fraction {grpo.anchor_fraction}")
     if grpo.execution == "truncated" and not 1 <= grpo.wm_horizon < grpo.max_real_steps:
         raise ValueError(f"grpo.wm_horizon must lie in [1, max_real_steps {grpo.max_real_steps}), "
                          f"got {grpo.wm_horizon}")
@@ -742,16 +753,29 @@ class GRPOTrainer:
         from the gathered arrays)."""
         grpo = self.recipe.grpo
         rng = np.random.default_rng([grpo.seed, self.step, SALT_QUERY_SAMPLES])
+        queries = self._trainable_queries(batch)
         samples = []
         for k in range(len(batch.groups)):
-            if not batch.valid[k] or not batch.num_queries[k]:
+            if not batch.valid[k] or not queries[k]:
                 continue
             if advantages[k] == 0 and grpo.kl_coef == 0 and grpo.entropy_coef == 0:
                 continue  # zero-advantage samples carry no gradient (unless KL or entropy terms apply)
-            picks = np.sort(rng.choice(batch.num_queries[k], min(grpo.queries_per_rollout, batch.num_queries[k]),
-                                       replace=False))
+            picks = np.sort(rng.choice(queries[k], min(grpo.queries_per_rollout, queries[k]), replace=False))
             samples += [Sample(k, int(q), float(advantages[k])) for q in picks]
         return samples
+
+    def _trainable_queries(self, batch: StepBatch) -> np.ndarray:
+        """How many of each rollout's first queries the loss may sample: all of them, except under
+        `oracle_cut_steps`, where a failed rollout left out of the group's whole ones keeps those its
+        gate would have issued before the cut (queries come every `execute_steps`)."""
+        grpo = self.recipe.grpo
+        if not grpo.oracle_cut_steps:
+            return batch.num_queries
+        rng = np.random.default_rng([grpo.seed, self.step, SALT_ORACLE_ANCHORS])
+        whole = pick_anchors(batch.groups, batch.valid, grpo.anchor_fraction, rng, min_per_group=1)
+        cut = batch.valid & ~whole & (batch.outcomes == 0)
+        issued = -(-grpo.oracle_cut_steps // grpo.execute_steps)
+        return np.where(cut, np.minimum(batch.num_queries, issued), batch.num_queries)
 
     def _reference_log_probs(self, images, instructions, tokens) -> torch.Tensor:
         t = self.recipe.grpo.temperature
