@@ -269,7 +269,8 @@ def validate(recipe: GRPORecipe) -> None:
                                   or grpo.anchor_fraction >= 1):
         raise ValueError("grpo.oracle_cut_steps emulates a perfect gate's update from full execution with sparse "
                          "rewards, keeping anchor_fraction < 1 of each group whole; got execution "
-                         f"{grpo.execution!r}, reward_mode {grpo.reward_mode!r}, anchor_fraction {grpo.anchor_fraction}")
+                         f"{grpo.execution!r}, reward_mode {grpo.reward_mode!r}, "
+                         f"anchor_fraction {grpo.anchor_fraction}")
     if grpo.execution == "truncated" and not 1 <= grpo.wm_horizon < grpo.max_real_steps:
         raise ValueError(f"grpo.wm_horizon must lie in [1, max_real_steps {grpo.max_real_steps}), "
                          f"got {grpo.wm_horizon}")
