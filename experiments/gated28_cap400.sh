@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 31 at the protocol's episode cap: gated execution beside sparse GRPO on task 28 with every training
 # rollout capped at libero_90's 400 steps instead of the CPU recipe's 120 (where an oracle that cut every
-# failure at step 24 saves at most 1.68x: the cap, not the predictor, bounded the saving). Held-out
+# failure at step 24 saves at most 1.68-1.82x: the cap, not the predictor, bounded the saving). Held-out
 # protocol as the recipe's (states 25-49 x 2 samples, cap 120: the SFT policy's successes end by step ~80),
 # checkpoints at GRPO steps 5, 10 and 14, so each arm's success-against-real-steps curve has three points.
 # Every query of a 400-step rollout is trained on (queries_per_rollout 50, as 25 covers the recipe's 200).

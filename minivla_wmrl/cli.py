@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--replay", nargs="+", help="more real-labelled episodes the predictor starts from "
                       "(e.g. the wm stage's OUT/replay), as gate.replay")
     gate.add_argument("--predictor", nargs="+", default=["policy"],
-                      choices=["policy", "proprio", "privileged", "time"])
+                      choices=["policy", "proprio", "privileged", "time", "oracle"],
+                      help="oracle: the perfect predictor, every non-anchor failure cut at its first decision at or "
+                      "after --min-steps (the most a predictor could save there; needs no fit)")
     gate.add_argument("--min-steps", nargs="+", type=int, default=[32])
     gate.add_argument("--patience", nargs="+", type=int, default=[2])
     gate.add_argument("--wrong-cut-rate", nargs="+", type=float, default=[0.05])

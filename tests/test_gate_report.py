@@ -11,7 +11,7 @@ import pytest
 
 from minivla_wmrl.cli import build_parser
 from minivla_wmrl.train.gate import Gate, GateConfig, Predictor
-from minivla_wmrl.train.gate_report import WAIT_STEPS, first_cut, replay_gate, report_table
+from minivla_wmrl.train.gate_report import WAIT_STEPS, first_cut, replay_gate, replay_oracle, report_table
 from tests.test_outcome_probe import CAP, rollout, rollouts
 
 
@@ -61,6 +61,23 @@ def test_a_warm_started_gate_cuts_from_the_first_step():
     assert "| time, warm start | 24 |" in report_table([warm]) and "| time | 24 |" in report_table([cold])
 
 
+def test_the_oracle_cuts_exactly_the_non_anchor_failures_of_the_gates_anchors():
+    """The perfect predictor: same anchors as a replayed gate with the same seed, every other failure
+    cut at its first decision at or after min_steps, never a success; no gate saves more."""
+    steps, extra = run_steps(1, 4), rollouts(2, 40)
+    config = GateConfig(predictor="time", min_steps=24, patience=1, wrong_cut_rate=0.1, min_per_outcome=2,
+                        warm_start=True)
+    gate = replay_gate(steps, config, extra, group_size=4, anchor_fraction=0.25, time_scale=CAP)
+    oracle = replay_oracle(steps, 24, group_size=4, anchor_fraction=0.25)
+    assert all(t.length == CAP for step in steps for t in step if not t.success)  # planted failures run to the cap
+    for g, o in zip(gate["steps"], oracle["steps"]):
+        assert o["anchors"] == g["anchors"] == 4 and o["non_anchor_failures"] == g["non_anchor_failures"]
+        assert o["successes_cut"] == 0 and o["failures_cut"] == o["non_anchor_failures"] > 0
+        assert o["real_steps_full"] - o["real_steps"] == o["failures_cut"] * (CAP - 24)  # each cut at step 24
+    assert oracle["total"]["saving"] >= gate["total"]["saving"] > 1.0
+    assert "| oracle | 24 | 1 | 0.0 |" in report_table([oracle])
+
+
 def test_a_gate_stays_shut_while_no_success_has_been_seen():
     rng = np.random.default_rng(3)
     steps = [[rollout(rng, False) for _ in range(16)] for _ in range(3)]  # a task the policy never solves
@@ -76,14 +93,17 @@ def test_the_gate_report_command_prints_and_writes_every_setting(tmp_path, capsy
     for k, step in enumerate(run_steps(5, 3), 1):
         write_replay(tmp_path / "run" / f"step_{k:07d}.hdf5", step, f"grpo step {k}")
     write_replay(tmp_path / "wm" / "collect.hdf5", rollouts(6, 40), "collect")
-    assert cli(["gate-report", str(tmp_path / "run"), "--replay", str(tmp_path / "wm"), "--predictor", "time",
+    assert cli(["gate-report", str(tmp_path / "run"), "--replay", str(tmp_path / "wm"), "--predictor", "time", "oracle",
                 "--min-steps", "16", "32", "--wrong-cut-rate", "0.1", "--min-per-outcome", "3",
                 "--time-scale", str(CAP), "--json", str(tmp_path / "report.json")]) == 0
     out = capsys.readouterr().out
     assert "3 steps, 48 rollouts" in out and "| time | 16 | 2 | 0.1 |" in out and "| time | 32 | 2 | 0.1 |" in out
+    assert "| oracle | 16 | 1 | 0.0 |" in out and "| oracle | 32 | 1 | 0.0 |" in out
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["extra"] == 40 and [r["gate"]["min_steps"] for r in report["reports"]] == [16, 32]
-    assert {r["gate"]["min_per_outcome"] for r in report["reports"]} == {3}
+    assert report["extra"] == 40
+    assert [(r["gate"]["predictor"], r["gate"]["min_steps"]) for r in report["reports"]] == [
+        ("oracle", 16), ("oracle", 32), ("time", 16), ("time", 32)]
+    assert {r["gate"]["min_per_outcome"] for r in report["reports"][2:]} == {3}
     assert cli(["gate-report", str(tmp_path / "wm")]) == 1
     assert "no step_*.hdf5 replay files" in capsys.readouterr().err
     assert cli(["gate-report", str(tmp_path / "run"), "--warm-start"]) == 1
@@ -106,4 +126,4 @@ def test_the_gate_report_offers_every_predictor_the_gate_knows():
     """The command line lists the choices by hand (it imports nothing heavy): they must stay gate.Predictor's."""
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     predictor = next(a for a in commands.choices["gate-report"]._actions if a.dest == "predictor")
-    assert list(predictor.choices) == list(typing.get_args(Predictor))
+    assert list(predictor.choices) == [*typing.get_args(Predictor), "oracle"]

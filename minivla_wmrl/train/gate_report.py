@@ -57,24 +57,55 @@ def replay_gate(steps: list[list[Trajectory]], config: GateConfig, extra: list[T
         anchors = pick_anchors(groups, np.ones(len(rollouts), bool), anchor_fraction, rng, min_per_group=1)
         probabilities = predictor(rollouts) if unfit is None else None
         cutting = probabilities is not None and gate.active
-        lengths = np.array([t.length for t in rollouts])
-        ends = lengths.copy()
+        ends = np.array([t.length for t in rollouts])
         for k in np.flatnonzero(~anchors) if cutting else []:
             ends[k] = first_cut(gate, probabilities[k], rollouts[k])
-        outcomes = np.array([t.success for t in rollouts], bool)
-        cut = ends < lengths
-        rows.append({"step": number, "cutting": bool(cutting), "threshold": gate.threshold if cutting else None,
-                     "rollouts": len(rollouts), "anchors": int(anchors.sum()), "cut": int(cut.sum()),
-                     "successes_cut": int((cut & outcomes).sum()), "failures_cut": int((cut & ~outcomes).sum()),
-                     "non_anchor_successes": int((~anchors & outcomes).sum()),
-                     "non_anchor_failures": int((~anchors & ~outcomes).sum()),
-                     "real_steps_full": int((lengths + WAIT_STEPS).sum()),
-                     "real_steps": int((ends + WAIT_STEPS).sum())})
+        rows.append(step_row(number, cutting, gate.threshold if cutting else None, rollouts, anchors, ends))
         if probabilities is not None:  # the anchors recalibrate the gate, as in GRPO's corrections
             statistics = [cut_statistic(probabilities[k], decision_steps(rollouts[k]), config.min_steps,
                                         config.patience) for k in np.flatnonzero(anchors)]
-            gate.observe(np.array(statistics), outcomes[anchors])
-        labelled += [t for t, c in zip(rollouts, cut) if not c]  # what a gated run's replay store would hold
+            gate.observe(np.array(statistics), np.array([rollouts[k].success for k in np.flatnonzero(anchors)]))
+        labelled += [t for t, end in zip(rollouts, ends) if end == t.length]  # what a gated run's replay would hold
+    return {"gate": asdict(config), "anchor_fraction": anchor_fraction, "steps": rows, "total": total_of(rows)}
+
+
+def replay_oracle(steps: list[list[Trajectory]], min_steps: int, group_size: int, anchor_fraction: float,
+                  seed: int = 0) -> dict:
+    """The perfect predictor on the same steps and anchors as `replay_gate` (same seed): every
+    non-anchor failure cut at its first decision at or after `min_steps`, no success ever. The most
+    any predictor could save under this gate's anchors and minimum horizon."""
+    rng, rows = np.random.default_rng(seed), []
+    for number, rollouts in enumerate(steps, 1):
+        groups = np.arange(len(rollouts)) // group_size
+        anchors = pick_anchors(groups, np.ones(len(rollouts), bool), anchor_fraction, rng, min_per_group=1)
+        ends = np.array([t.length for t in rollouts])
+        for k in np.flatnonzero(~anchors):
+            decisions = decision_steps(rollouts[k])
+            due = decisions[(decisions >= min_steps) & (decisions < ends[k])]
+            if not rollouts[k].success and len(due):
+                ends[k] = int(due[0])
+        rows.append(step_row(number, True, None, rollouts, anchors, ends))
+    gate = {"predictor": "oracle", "min_steps": min_steps, "patience": 1, "wrong_cut_rate": 0.0, "warm_start": False}
+    return {"gate": gate, "anchor_fraction": anchor_fraction, "steps": rows, "total": total_of(rows)}
+
+
+def step_row(number: int, cutting: bool, threshold: float | None, rollouts: list[Trajectory], anchors: np.ndarray,
+             ends: np.ndarray) -> dict:
+    """One replayed step: rollouts cut (those ending before their recorded length), successes and
+    failures among them, and real steps with and without the cuts (reset wait steps included)."""
+    lengths = np.array([t.length for t in rollouts])
+    outcomes = np.array([t.success for t in rollouts], bool)
+    cut = ends < lengths
+    return {"step": number, "cutting": bool(cutting), "threshold": threshold,
+            "rollouts": len(rollouts), "anchors": int(anchors.sum()), "cut": int(cut.sum()),
+            "successes_cut": int((cut & outcomes).sum()), "failures_cut": int((cut & ~outcomes).sum()),
+            "non_anchor_successes": int((~anchors & outcomes).sum()),
+            "non_anchor_failures": int((~anchors & ~outcomes).sum()),
+            "real_steps_full": int((lengths + WAIT_STEPS).sum()),
+            "real_steps": int((ends + WAIT_STEPS).sum())}
+
+
+def total_of(rows: list[dict]) -> dict:
     total = {k: sum(r[k] for r in rows) for k in ("rollouts", "cut", "successes_cut", "failures_cut",
                                                   "non_anchor_successes", "non_anchor_failures",
                                                   "real_steps_full", "real_steps")}
@@ -82,7 +113,7 @@ def replay_gate(steps: list[list[Trajectory]], config: GateConfig, extra: list[T
                  successes_cut_share=total["successes_cut"] / max(total["non_anchor_successes"], 1),
                  failures_cut_share=total["failures_cut"] / max(total["non_anchor_failures"], 1),
                  first_cutting_step=next((r["step"] for r in rows if r["cutting"]), None))
-    return {"gate": asdict(config), "anchor_fraction": anchor_fraction, "steps": rows, "total": total}
+    return total
 
 
 def report_table(reports: list[dict]) -> str:
@@ -113,8 +144,10 @@ def main(args) -> None:
         raise ValueError("--warm-start calibrates the gate on the --replay episodes: name some")
     steps = [read_replay([f]) for f in files]
     extra = read_replay(args.replay) if args.replay else []
-    reports = []
-    for predictor, min_steps, patience, rate in itertools.product(args.predictor, args.min_steps, args.patience,
+    reports = [replay_oracle(steps, min_steps, args.group_size, args.anchor_fraction, args.seed)
+               for min_steps in args.min_steps if "oracle" in args.predictor]
+    predictors = [p for p in args.predictor if p != "oracle"]
+    for predictor, min_steps, patience, rate in itertools.product(predictors, args.min_steps, args.patience,
                                                                   args.wrong_cut_rate):
         config = replace(GateConfig(), predictor=predictor, min_steps=min_steps, patience=patience,
                          wrong_cut_rate=rate, min_per_outcome=args.min_per_outcome, warm_start=args.warm_start)
