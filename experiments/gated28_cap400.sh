@@ -26,6 +26,10 @@
 #     first 3 queries alone); full execution, so it saves nothing: does a perfect predictor close the gated arms'
 #     gap, or does cutting itself cost learning? Seeds $ORACLE_SEEDS (default none; needs LONG_SEEDS set: arm
 #     index 5, GRPO seeds s + 5000).
+#   gated400_zero: gated400 whose cut rollouts are rewarded 0 (gate.cut_reward=failure) instead of the predictor's
+#     P(success): with std-scaled group advantages the predictions grade groups whose rollouts all failed (sparse
+#     runs leave ~32% of groups without advantage, gated400 ~1%). Seeds $ZERO_SEEDS (default none; needs
+#     ORACLE_SEEDS set: arm index 6, GRPO seeds s + 6000).
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
 set -e
 cd "$(dirname "$0")/.."
@@ -41,6 +45,7 @@ TIME_SEEDS=${TIME_SEEDS:-$GATED_SEEDS}
 CUT10_SEEDS=${CUT10_SEEDS:-}
 LONG_SEEDS=${LONG_SEEDS:-}
 ORACLE_SEEDS=${ORACLE_SEEDS:-}
+ZERO_SEEDS=${ZERO_SEEDS:-}
 ARMS="{name: sparse400, seeds: $SPARSE_SEEDS, overrides: [$CAP]}"
 if [ -n "$GATED_SEEDS" ]; then
   ARMS="$ARMS, {name: gated400, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio]}, \
@@ -51,6 +56,9 @@ if [ -n "$GATED_SEEDS" ]; then
       ARMS="$ARMS, {name: gated400_long, seeds: $LONG_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, grpo.steps=28]}"
       if [ -n "$ORACLE_SEEDS" ]; then
         ARMS="$ARMS, {name: oracle400, seeds: $ORACLE_SEEDS, overrides: [$CAP, grpo.oracle_cut_steps=24, grpo.anchor_fraction=0.25]}"
+        if [ -n "$ZERO_SEEDS" ]; then
+          ARMS="$ARMS, {name: gated400_zero, seeds: $ZERO_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, gate.cut_reward=failure]}"
+        fi
       fi
     fi
   fi

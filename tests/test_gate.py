@@ -120,6 +120,45 @@ def test_gated_grpo_cuts_predicted_failures_and_keeps_real_outcomes(start, tmp_p
     assert records[-1]["real_labels_used"] == sum(int((~b.cut()).sum()) for b, *_ in batches)
 
 
+def test_a_cut_rollout_rewarded_as_a_failure_leaves_a_group_of_failures_without_advantage(start, tmp_path):  # noqa: F811
+    """`gate.cut_reward: failure`: cut rollouts get 0 (their prediction is still logged), so a group whose
+    rollouts all failed has no spread and no advantage, as in sparse GRPO; with predictions it would."""
+    # 4 groups of 8 a step; a policy left as weak as it starts (lr 0), so that some groups fail throughout
+    recipe = gated(start, tmp_path, grouping="init_state", lr=0.0, steps=6)
+    recipe.gate.cut_reward = "failure"
+    trainer = GRPOTrainer(recipe, progress=False)
+    seen = []
+    original = trainer.advantages
+
+    def advantages(batch, rewards):
+        result = original(batch, rewards)
+        seen.append((batch, rewards, result[0]))
+        return result
+
+    trainer.advantages = advantages
+    try:
+        records = [trainer.train_step() for _ in range(6)]
+    finally:
+        trainer.close()
+    assert sum(record["cut_rollouts"] for record in records) > 0
+    failed_groups = 0
+    for (batch, rewards, advantages), record in zip(seen, records):
+        cut = batch.cut()
+        np.testing.assert_array_equal(rewards[cut], 0.0)
+        np.testing.assert_array_equal(rewards[~cut], batch.outcomes[~cut])
+        if cut.any():
+            assert record["predicted_success_cut"] == pytest.approx(batch.predicted[cut].mean())
+            assert record["predicted_success_cut"] > 0  # a probability, not the reward
+        for group in np.unique(batch.groups):
+            members = batch.groups == group
+            if not batch.outcomes[members].any() and (cut & members).any():
+                failed_groups += 1
+                np.testing.assert_array_equal(advantages[members], 0.0)
+                spread = np.where(cut, batch.predicted, batch.outcomes)[members]
+                assert spread.std() > 0  # what the prediction reward would have graded
+    assert failed_groups > 0
+
+
 def test_a_warm_started_gate_cuts_from_the_first_grpo_step(start, tmp_path):  # noqa: F811
     """Calibrated on an earlier run's real-labelled episodes, the gate cuts in step 1; without, it cannot."""
     train_grpo(learning_recipe(start, tmp_path / "earlier", steps=2), progress=False)

@@ -56,6 +56,11 @@ class GateConfig:
     # rate, several steps of full execution)
     warm_start: bool = False
     warm_start_folds: Annotated[int, Range(2)] = 4
+    # a cut rollout's reward: the predictor's P(success) at the cut, or 0, the failure the gate predicted. Group
+    # advantages divide by the group's spread, so predictions grade a group of failures (an anchor's real 0
+    # against its cut siblings' 0.03-0.08 becomes advantages of about ±1); "failure" keeps sparse GRPO's rule
+    # that a group whose rollouts all failed teaches nothing
+    cut_reward: Literal["prediction", "failure"] = "prediction"
 
 
 def decision_steps(trajectory: Trajectory) -> np.ndarray:

@@ -24,7 +24,8 @@ step and every `every` steps (`minivla_wmrl.train.validation`): the best checkpo
 Gated execution (`execution: gated`, sparse rewards): anchors run to their end; every other rollout
 is cut once an outcome predictor, refit each step on the replay store, has predicted failure for a
 few chunks in a row, under a threshold the anchors calibrate (`minivla_wmrl.train.gate`); a cut
-rollout's reward is that prediction, everything that ran to its end keeps its real outcome.
+rollout's reward is that prediction (or 0: `gate.cut_reward`), everything that ran to its end keeps its
+real outcome.
 
 Denoising acts only when some rollouts are not anchors (`anchor_fraction < 1`): with every
 rollout an anchor the anchor weight multiplies every advantage alike, a learning-rate multiplier
@@ -708,9 +709,9 @@ class GRPOTrainer:
         grpo, a, y = self.recipe.grpo, batch.anchors, batch.outcomes
         if grpo.reward_mode == "sparse" and batch.predicted is None:
             real, rewards = np.ones_like(a), y.copy()
-        elif grpo.reward_mode == "sparse":  # gated execution: a cut rollout's reward is the gate's prediction
+        elif grpo.reward_mode == "sparse":  # gated execution: a cut rollout's reward is the gate's prediction, or 0
             real = ~batch.cut()
-            rewards = np.where(real, y, batch.predicted)
+            rewards = np.where(real, y, batch.predicted if self.recipe.gate.cut_reward == "prediction" else 0.0)
         elif grpo.reward_mode == "sparse_scarce":
             real, rewards = a.copy(), np.where(a, y, np.nan)
         elif grpo.reward_mode == "dense_raw":
@@ -903,7 +904,8 @@ class GRPOTrainer:
         return {
             "step": self.step, "success_rate": float(batch.outcomes[known].mean()) if known.any() else float("nan"),
             "cut_rollouts": int(cut.sum()),
-            "predicted_success_cut": float(np.nanmean(rewards[cut])) if cut.any() else float("nan"),
+            "predicted_success_cut": float(np.nanmean((rewards if batch.predicted is None else batch.predicted)[cut]))
+            if cut.any() else float("nan"),
             "rollouts": len(batch.trajectories), "failures": int((~valid).sum()),
             "anchor_fraction": float(a.sum() / max(valid.sum(), 1)),
             "reward_mean_anchor": _labelled_mean(rewards[a]), "reward_mean_wm": _labelled_mean(rewards[valid & ~a]),
