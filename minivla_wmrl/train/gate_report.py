@@ -8,7 +8,9 @@ spent on it: each step, the outcome predictor is fit on what a gated run would h
 group is drawn as anchors, every other rollout is cut at the first chunk the rule cuts it, and the
 anchors, scored by the predictor before it learns from them, recalibrate the gate (with
 `--warm-start`, first calibrated on the `--replay` episodes, cross-fitted). Exactly the objects and
-order GRPO's gated execution uses (`GRPOTrainer.rollouts` and `corrections`).
+order GRPO's gated execution uses (`GRPOTrainer.rollouts` and `corrections`). `--predictor oracle`
+adds the perfect predictor on the same anchors: every other failure cut at `min_steps`, the most any
+predictor could save there.
 
 What it cannot show: how the gate's rewards (a cut rollout's reward is its prediction) would have
 changed the policy; the rollouts after the first step are the sparse run's, not a gated run's.
