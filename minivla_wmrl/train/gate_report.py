@@ -44,6 +44,14 @@ def first_cut(gate: Gate, probabilities: np.ndarray, trajectory: Trajectory) -> 
     return trajectory.length
 
 
+def draw_anchors(rollouts: int, group_size: int, anchor_fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """A step's anchors, drawn as gated execution draws them (at least one per group of `group_size`
+    consecutive rollouts); the replayed gates and the oracle draw from the same stream alike, so that one
+    seed gives them the same anchors."""
+    groups = np.arange(rollouts) // group_size
+    return pick_anchors(groups, np.ones(rollouts, bool), anchor_fraction, rng, min_per_group=1)
+
+
 def replay_gate(steps: list[list[Trajectory]], config: GateConfig, extra: list[Trajectory], group_size: int,
                 anchor_fraction: float, time_scale: float, seed: int = 0) -> dict:
     """Replay a full-execution run's steps (each a list of its rollouts, groups of `group_size` in
@@ -55,8 +63,7 @@ def replay_gate(steps: list[list[Trajectory]], config: GateConfig, extra: list[T
         gate.observe(*cross_fit_statistics(extra, config, time_scale, seed))
     for number, rollouts in enumerate(tqdm(steps, desc=f"gate replay ({config.predictor})", leave=False), 1):
         unfit = predictor.fit(labelled)
-        groups = np.arange(len(rollouts)) // group_size
-        anchors = pick_anchors(groups, np.ones(len(rollouts), bool), anchor_fraction, rng, min_per_group=1)
+        anchors = draw_anchors(len(rollouts), group_size, anchor_fraction, rng)
         probabilities = predictor(rollouts) if unfit is None else None
         cutting = probabilities is not None and gate.active
         ends = np.array([t.length for t in rollouts])
@@ -78,8 +85,7 @@ def replay_oracle(steps: list[list[Trajectory]], min_steps: int, group_size: int
     any predictor could save under this gate's anchors and minimum horizon."""
     rng, rows = np.random.default_rng(seed), []
     for number, rollouts in enumerate(steps, 1):
-        groups = np.arange(len(rollouts)) // group_size
-        anchors = pick_anchors(groups, np.ones(len(rollouts), bool), anchor_fraction, rng, min_per_group=1)
+        anchors = draw_anchors(len(rollouts), group_size, anchor_fraction, rng)
         ends = np.array([t.length for t in rollouts])
         for k in np.flatnonzero(~anchors):
             decisions = decision_steps(rollouts[k])
