@@ -9,7 +9,9 @@
 # the non-anchor failures at step 24 (the most any predictor could save with these anchors and horizon).
 # Writes runs/gate_report28_cap400/*.json and their union docs/gate_report_task28_cap400.json; and, for
 # comparison, the oracle at the CPU recipe's 120-step cap on the same SFT checkpoint's sparse seed 0 (cap 120,
-# experiments/control28.sh) in docs/gate_report_task28_oracle120.json.
+# experiments/control28.sh) in docs/gate_report_task28_oracle120.json. Last, with every sparse400 seed there (5 seeds,
+# SPARSE_SEEDS of experiments/gated28_cap400.sh), the probes fit on four times the data: the collection and seeds
+# 0-3, tested on seed 4 (docs/probe_report_task28_cap400_seeds.json).
 set -e
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
@@ -37,3 +39,5 @@ Path(sys.argv[2]).write_text(json.dumps(union, indent=1))
 PY
 minivla-wmrl gate-report $R/ablation/sparse/seed0/replay --predictor oracle --min-steps 24 32 --time-scale 120 \
   --json docs/gate_report_task28_oracle120.json
+minivla-wmrl probe-report $R/wm/replay $R/ablation/sparse400/seed{0,1,2,3}/replay --test $R/ablation/sparse400/seed4/replay \
+  --steps 16 24 32 48 64 96 128 --time-scale 400 --json docs/probe_report_task28_cap400_seeds.json

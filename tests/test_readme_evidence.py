@@ -179,14 +179,19 @@ def test_readme_control_on_a_rebuilt_task_28_checkpoint_is_the_committed_ablatio
 def test_readme_prefix_auroc_rows_are_the_committed_probe_reports():
     import json
 
-    readme = (ROOT / "README.md").read_text()
-    report = json.loads((ROOT / "docs" / "probe_report_task28_proprio.json").read_text())
-    rows = {r["steps"]: r for r in report["rows"]}
-    assert (report["train"], report["test"]) == (1128, 224)
-    for steps in (32, 48, 64):
-        r = rows[steps]
-        cells = f"| {steps} | {r['probe_running']:.2f} | {r['proprio_running']:.2f} | {r['privileged_running']:.2f} |"
-        assert cells in readme, cells
+    lines = (ROOT / "README.md").read_text().splitlines()
+    for name, sizes, steps_shown, label in (
+            ("probe_report_task28_proprio.json", (1128, 224), (32, 48, 64), "| shuffled control's 5 seeds"),
+            ("probe_report_task28_cap400.json", (232, 224), (32, 48, 64, 96), "| collection + sparse400 seed 0 "),
+            ("probe_report_task28_cap400_seeds.json", (904, 224), (32, 48, 64, 96), "| collection + sparse400 seeds")):
+        report = json.loads((ROOT / "docs" / name).read_text())
+        rows = {r["steps"]: r for r in report["rows"]}
+        assert (report["train"], report["test"]) == sizes, name
+        (first, *rest) = [f"| {steps} | {rows[steps]['probe_running']:.2f} | {rows[steps]['proprio_running']:.2f} | "
+                          f"{rows[steps]['privileged_running']:.2f} |" for steps in steps_shown]
+        (start,) = [i for i, line in enumerate(lines) if line.startswith(label)]
+        assert f"({sizes[0]}) → " in lines[start] and lines[start].endswith(first), (name, first, lines[start])
+        assert [line.removeprefix("| ") for line in lines[start + 1:start + len(steps_shown)]] == rest, (name, rest)
 
 
 def test_the_cap_400_rows_are_the_committed_ablation_and_replay():
