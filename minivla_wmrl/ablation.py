@@ -19,9 +19,11 @@ steps and training metrics, and the software versions), `ablation.md` and `ablat
 (held-out success against cumulative real-simulator steps). Each further evaluation protocol `P`
 in `protocols` (e.g. greedy decoding beside the recipe's sampled one) plays the same checkpoints
 and the SFT checkpoint into `eval_P/` directories, with its own report in `eval_P/ablation.json`;
-adding one to a finished ablation only evaluates. `ablate --from-json ablation.json`
-recomputes the report from the evidence alone, so a committed JSON reproduces its tables; given several
-(one per task), it prints one arm's effect on each task and their mean with an interval (`--arm`).
+adding one to a finished ablation only evaluates. A protocol may play only some arms and only each
+cell's final checkpoint (e.g. four times the episodes where two arms' comparison is decided).
+`ablate --from-json ablation.json` recomputes the report from the evidence alone, so a committed JSON
+reproduces its tables; given several (one per task), it prints one arm's effect on each task and their
+mean with an interval (`--arm`).
 
 Statistics treat the training seed as the unit (`statistics.seed_level_difference`).
 """
@@ -93,6 +95,10 @@ class Protocol:
 
     name: str  # a directory name: its evaluations go to `eval_<name>/`
     overrides: list[str] = field(default_factory=list)  # `eval.key=value`s, e.g. ["eval.temperature=0"]
+    # each cell's final checkpoint only: e.g. more episodes where the arms' comparison is decided, at a
+    # fraction of what every evaluated checkpoint would cost (its report has no steps-to-reach ratios)
+    final_only: bool = False
+    arms: list[str] = field(default_factory=list)  # the arms whose cells it plays (the first among them); []: all
 
 
 @dataclass
@@ -197,11 +203,21 @@ def protocols(recipe) -> list[Protocol | None]:
     return [None, *recipe.ablation.protocols]
 
 
-def unevaluated(recipe, directory: Path) -> bool:
+def plays(protocol: Protocol | None, arm: str) -> bool:
+    """Whether `protocol` evaluates `arm`'s cells (the recipe's own protocol plays every arm)."""
+    return protocol is None or not protocol.arms or arm in protocol.arms
+
+
+def played(protocol: Protocol | None, evaluations: list) -> list:
+    """Of a cell's evaluated checkpoints (in step order), those `protocol` plays."""
+    return evaluations[-1:] if protocol is not None and protocol.final_only else evaluations
+
+
+def unevaluated(recipe, arm: str, directory: Path) -> bool:
     """Whether a finished cell has a checkpoint some further protocol has not fully evaluated yet."""
     cell = json.loads((directory / "cell.json").read_text())
     return any(not (directory / eval_dirname(p) / Path(e["eval_dir"]).name / "eval_info.json").exists()
-               for p in recipe.ablation.protocols for e in cell["evaluations"])
+               for p in recipe.ablation.protocols if plays(p, arm) for e in played(p, cell["evaluations"]))
 
 
 def checkpoint_step(checkpoint: Path) -> int:
@@ -224,8 +240,10 @@ def run_cell(recipe_data: dict, arm_index: int, seed: int) -> dict:
     cell = (json.loads((directory / "cell.json").read_text()) if (directory / "cell.json").exists()
             else train_cell(recipe, grpo, recipe.ablation.arms[arm_index].name, seed))
     for protocol in recipe.ablation.protocols:
+        if not plays(protocol, recipe.ablation.arms[arm_index].name):
+            continue
         pipeline = protocol_pipeline(recipe, protocol)
-        for evaluation in cell["evaluations"]:
+        for evaluation in played(protocol, cell["evaluations"]):
             name = Path(evaluation["eval_dir"]).name
             evaluate(pipeline.eval_config(directory / "checkpoints" / name, directory / eval_dirname(protocol) / name),
                      progress=False)
@@ -276,6 +294,12 @@ def check_ablation(recipe: AblationRecipe) -> None:
             protocol_names):
         raise ValueError(f"ablation protocol names must be unique directory names ([A-Za-z0-9_-]); got "
                          f"{protocol_names}")
+    for protocol in ablation.protocols:  # the others are compared with the first arm: it plays every protocol
+        unknown = [a for a in protocol.arms if a not in names]
+        if unknown or (protocol.arms and names[0] not in protocol.arms):
+            raise ValueError(f"ablation protocol {protocol.name!r} plays arms {protocol.arms}: expected names of "
+                             f"ablation.arms {names}, the first ({names[0]!r}, the others' comparison) among them"
+                             + (f"; unknown: {unknown}" if unknown else ""))
     if ablation.guard_protocol and ablation.guard_protocol not in protocol_names:
         raise ValueError(f"ablation.guard_protocol {ablation.guard_protocol!r} is not one of ablation.protocols "
                          f"{protocol_names}: the guard chooses on a further protocol's episodes")
@@ -345,7 +369,7 @@ def run_ablation(recipe: AblationRecipe, parallel: int = 1) -> dict:
     ablation = recipe.ablation
     todo = [(i, s) for i, arm in enumerate(ablation.arms) for s in arm_seeds(ablation, arm)
             if not (cell_dir(recipe, arm.name, s) / "cell.json").exists()
-            or unevaluated(recipe, cell_dir(recipe, arm.name, s))]
+            or unevaluated(recipe, arm.name, cell_dir(recipe, arm.name, s))]
     data = asdict(recipe)
     if parallel == 1:
         for i, s in todo:
@@ -384,6 +408,7 @@ def _read_cell(directory: Path, protocol: Protocol | None) -> dict:
     """A finished cell, each evaluation's success and episodes read from the protocol's evaluation on
     disk (the episodes the paired comparisons use), not from the copy in cell.json."""
     cell = json.loads((directory / "cell.json").read_text())
+    cell["evaluations"] = played(protocol, cell["evaluations"])
     for evaluation in cell["evaluations"]:  # where the cell directory is now, whatever the working directory
         eval_dir = directory / eval_dirname(protocol) / Path(evaluation.pop("eval_dir")).name
         evaluation["success"] = json.loads((eval_dir / "eval_info.json").read_text())["overall"]
@@ -410,7 +435,7 @@ def collect_evidence(recipe, protocol: Protocol | None = None) -> dict:
     sft_eval = Path(recipe.out) / "ablation" / eval_dirname(protocol) / "sft"
     sft_settings, sft_results = load_evaluation(sft_eval)
     arms = []
-    for arm in ablation.arms:
+    for arm in [arm for arm in ablation.arms if plays(protocol, arm.name)]:
         cells = [_read_cell(cell_dir(recipe, arm.name, s), protocol) for s in arm_seeds(ablation, arm)]
         for cell in cells:
             for evaluation in cell["evaluations"]:
@@ -421,6 +446,7 @@ def collect_evidence(recipe, protocol: Protocol | None = None) -> dict:
             "sft": {"overall": json.loads((sft_eval / "eval_info.json").read_text())["overall"],
                     "episodes": _episode_rows(sft_results)},
             "arms": arms, "first_arm": ablation.arms[0].name,
+            "final_only": protocol is not None and protocol.final_only,
             "seeding": "paired: every arm uses the same GRPO seeds" if ablation.paired_seeds else
                        f"independent: arm i uses GRPO seed s + {SEED_STRIDE} × i",
             "grpo": {k: v for k, v in asdict(recipe.grpo.grpo).items() if k != "seed"},
@@ -443,7 +469,7 @@ def guarded_arms(guard: dict, sft: dict, finals: dict[str, list[dict]], seeds: d
     (`sft`, `finals`: by state, the report's protocol; `seeds`: each arm's, in the order of `finals`)."""
     start = _by_state(guard["sft"])
     rows = []
-    for arm, checks in guard["arms"].items():
+    for arm, checks in [(arm, checks) for arm, checks in guard["arms"].items() if arm in seeds]:
         if guard["seeds"][arm] != seeds[arm]:
             raise ValueError(f"the guard's evidence for arm {arm!r} holds seeds {guard['seeds'][arm]}, the held-out "
                              f"evidence {seeds[arm]}: they must be the same cells")
@@ -498,6 +524,10 @@ def summarize_ablation(evidence: dict) -> dict:
     target = arms[0]["curve"][-1]["success"]["mean"]  # the first arm's final held-out success
     first_needs, _ = steps_to_reach(arms[0]["curve"], sft_success, target)
     for entry in arms:
+        if evidence.get("final_only", False):  # one point per seed: a straight line from SFT would be no measurement
+            entry.update(steps_to_first_arm_final=None, steps_interpolated=False, real_step_ratio=None,
+                         real_step_ratio_interval=None)
+            continue
         needs, interpolated = steps_to_reach(entry["curve"], sft_success, target)
         entry["steps_to_first_arm_final"], entry["steps_interpolated"] = needs, interpolated
         entry["real_step_ratio"] = first_needs / needs if needs and first_needs is not None else None
@@ -648,6 +678,7 @@ def ablation_table(report: dict) -> str:
               f"real steps to reach {first_arm}'s final success | ratio [95% over seeds] |",
               "|---|---|---|---|---|---|"]
     per_step_first = report["arms"][0]["real_steps_per_grpo_step"]
+    unreached = "final checkpoints only" if report["evidence"].get("final_only", False) else "not reached"
     starred = False
     for arm in report["arms"]:
         needs, ratio, star = arm["steps_to_first_arm_final"], arm["real_step_ratio"], arm["steps_interpolated"]
@@ -665,7 +696,7 @@ def ablation_table(report: dict) -> str:
                      f"({per_step_first / arm['real_steps_per_grpo_step']:.2f}×) | "
                      f"{100 * arm['cut_share']:.0f}% | "
                      f"{auroc_text} | "
-                     f"{'not reached' if needs is None else f'{needs:.0f}'}{mark} | "
+                     f"{unreached if needs is None else f'{needs:.0f}'}{mark} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}x'}{mark}{spread_text} |")
     if starred:
         lines += ["", "\\* interpolated on a straight line between the two evaluated points around the crossing (SFT "

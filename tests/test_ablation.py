@@ -184,6 +184,38 @@ def test_a_further_protocol_evaluates_a_finished_ablation_without_training(recip
     assert "ablation protocol 'greedy' was evaluated with other settings" in capsys.readouterr().err
 
 
+def test_a_final_only_protocol_plays_the_chosen_arms_final_checkpoints_alone(recipe_path, capsys):
+    path, out = recipe_path
+    if not (out / "ablation" / "ablation.json").exists():
+        assert cli(["ablate", str(path)]) == 0
+    more = yaml.safe_load(path.read_text())
+    more["ablation"]["protocols"] = [{"name": "x2", "overrides": ["eval.samples_per_state=4"], "final_only": True,
+                                      "arms": ["sparse"]}]
+    path.with_name("more.yaml").write_text(yaml.safe_dump(more))
+    capsys.readouterr()
+    assert cli(["ablate", str(path.with_name("more.yaml"))]) == 0
+    for seed in (0, 1):  # the sparse cells' final checkpoint (step 2) only; lr0's cell not at all
+        assert [p.name for p in (out / "ablation" / "sparse" / f"seed{seed}" / "eval_x2").iterdir()] == ["step_0000002"]
+    assert not (out / "ablation" / "lr0" / "seed0" / "eval_x2").exists()
+    report = json.loads((out / "ablation" / "eval_x2" / "ablation.json").read_text())
+    (sparse,) = report["arms"]
+    assert report["sft"]["trials"] == 16 and sparse["episodes"] == 32  # 4 states × 4 samples, per checkpoint
+    assert [p["step"] for p in sparse["curve"]] == [2]
+    assert sparse["real_step_ratio"] is None and sparse["real_step_ratio_interval"] is None  # one point per seed
+    assert "final checkpoints only" in (out / "ablation" / "eval_x2" / "ablation.md").read_text()
+    sampled = json.loads((out / "ablation" / "ablation.json").read_text())  # the first 2 samples: the same episodes
+    assert {tuple(row) for row in sampled["evidence"]["sft"]["episodes"]} <= {
+        tuple(row) for row in report["evidence"]["sft"]["episodes"]}
+    capsys.readouterr()
+    assert cli(["ablate", "--from-json", str(out / "ablation" / "eval_x2" / "ablation.json")]) == 0
+    assert capsys.readouterr().out.strip() == (out / "ablation" / "eval_x2" / "ablation.md").read_text().strip()
+    for arms, expected in ((["lr0"], "the first ('sparse'"), (["sparse", "dense"], "unknown: ['dense']")):
+        more["ablation"]["protocols"][0]["arms"] = arms
+        path.with_name("more.yaml").write_text(yaml.safe_dump(more))
+        assert cli(["ablate", str(path.with_name("more.yaml"))]) == 1
+        assert expected in capsys.readouterr().err
+
+
 def test_the_guard_keeps_a_final_checkpoint_only_past_its_significance_level():
     from minivla_wmrl.ablation import guarded_arms
 
