@@ -30,6 +30,13 @@
 #     P(success): with std-scaled group advantages the predictions grade groups whose rollouts all failed (sparse
 #     runs leave ~32% of groups without advantage, gated400 ~1%). Seeds $ZERO_SEEDS (default none; needs
 #     ORACLE_SEEDS set: arm index 6, GRPO seeds s + 6000).
+#   gated400_zero_long: gated400_zero for 28 GRPO steps (its 14 end just short of sparse400's final: the headline
+#     ratio needs the curve to reach it), seeds $ZLONG_SEEDS (default none; needs ZERO_SEEDS set: arm index 7, GRPO
+#     seeds s + 7000).
+# More episodes where the comparison is decided: MORE_ARMS (default none; e.g. "sparse400, gated400_zero", sparse400
+# first) adds the protocol `samplesN` (N: MORE_SAMPLES, default 8): each listed arm's final checkpoints and SFT on the
+# same 25 held-out states x N samples (the first 2 samples are the recipe protocol's 50 episodes again), its report in
+# $R/ablation/eval_samplesN/.
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
 set -e
 cd "$(dirname "$0")/.."
@@ -46,6 +53,7 @@ CUT10_SEEDS=${CUT10_SEEDS:-}
 LONG_SEEDS=${LONG_SEEDS:-}
 ORACLE_SEEDS=${ORACLE_SEEDS:-}
 ZERO_SEEDS=${ZERO_SEEDS:-}
+ZLONG_SEEDS=${ZLONG_SEEDS:-}
 ARMS="{name: sparse400, seeds: $SPARSE_SEEDS, overrides: [$CAP]}"
 if [ -n "$GATED_SEEDS" ]; then
   ARMS="$ARMS, {name: gated400, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio]}, \
@@ -58,10 +66,20 @@ if [ -n "$GATED_SEEDS" ]; then
         ARMS="$ARMS, {name: oracle400, seeds: $ORACLE_SEEDS, overrides: [$CAP, grpo.oracle_cut_steps=24, grpo.anchor_fraction=0.25]}"
         if [ -n "$ZERO_SEEDS" ]; then
           ARMS="$ARMS, {name: gated400_zero, seeds: $ZERO_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, gate.cut_reward=failure]}"
+          if [ -n "$ZLONG_SEEDS" ]; then
+            ARMS="$ARMS, {name: gated400_zero_long, seeds: $ZLONG_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, gate.cut_reward=failure, grpo.steps=28]}"
+          fi
         fi
       fi
     fi
   fi
 fi
+MORE_ARMS=${MORE_ARMS:-}
+MORE_SAMPLES=${MORE_SAMPLES:-8}
+PROTOCOLS=()
+if [ -n "$MORE_ARMS" ]; then
+  PROTOCOLS=("ablation.protocols=[{name: samples$MORE_SAMPLES, overrides: [eval.samples_per_state=$MORE_SAMPLES], \
+final_only: true, arms: [$MORE_ARMS]}]")
+fi
 minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' 'ablation.seeds=[0,1,2,3,4]' \
-  ablation.eval_every=5 "ablation.arms=[$ARMS]" --parallel ${PARALLEL:-2} "$@"
+  ablation.eval_every=5 "ablation.arms=[$ARMS]" "${PROTOCOLS[@]}" --parallel ${PARALLEL:-2} "$@"
