@@ -238,3 +238,24 @@ def test_the_cap_400_rows_are_the_committed_ablation_and_replay():
         assert claim in text, claim
     replay = json.loads((ROOT / "docs" / "gate_report_task28_cap400.json").read_text())
     assert report_table(replay["reports"]) in docs
+
+
+def test_the_cap_400_finals_played_three_times_as_often_are_the_committed_report():
+    """README's and docs/wmrl_grpo.md's `samples6` figures, from docs/ablation_rl_cpu_t28_cap400_samples6.json."""
+    report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_samples6.json")
+    sparse, zero = report["arms"]
+    assert (sparse["arm"], zero["arm"]) == ("sparse400", "gated400_zero")
+    assert report["eval_settings"]["samples_per_state"] == 6 and report["sft"]["trials"] == 150
+    assert all(len(c["evaluations"]) == 1 for a in report["evidence"]["arms"] for c in a["cells"])  # finals only
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    docs = " ".join((ROOT / "docs" / "wmrl_grpo.md").read_text().split())
+    assert f"SFT {100 * report['sft']['success_rate']:.1f}%" in readme
+    for arm in (sparse, zero):
+        per_seed = ", ".join(f"{100 * s:.0f}" for s in arm["held_out_per_seed"]) + "%"
+        assert f"{100 * arm['held_out']['mean']:.1f}% ({per_seed}" in readme, (arm["arm"], per_seed)
+        assert _difference(arm["vs_sft"]) in readme, arm["arm"]
+    versus = _difference(zero["vs_first_arm"])
+    assert f"gated against sparse {versus}" in readme and f"the difference {versus}" in docs
+    per_seed = ", ".join(f"{100 * s['difference']:+.1f}".replace("-", "−") for s in zero["vs_first_arm"]["per_seed"])
+    assert per_seed in readme, per_seed
+
