@@ -732,7 +732,8 @@ def merge_evidence(named: list[tuple[str, dict]]) -> dict:
     (first_name, first), rest = named[0], named[1:]
     same = {"eval_settings": lambda e: {k: v for k, v in e["eval_settings"].items() if k != "checkpoint"},
             "SFT episodes": lambda e: e["sft"]["episodes"], "grpo settings": lambda e: e["grpo"],
-            "seeding": lambda e: e["seeding"], "first arm": lambda e: e["first_arm"]}
+            "seeding": lambda e: e["seeding"], "first arm": lambda e: e["first_arm"],
+            "checkpoints played (final_only)": lambda e: e.get("final_only", False)}
     for name, evidence in rest:
         for what, get in same.items():
             if get(evidence) != get(first):

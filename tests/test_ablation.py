@@ -348,5 +348,12 @@ def test_reports_of_one_ablation_from_several_sessions_merge_into_one(tmp_path, 
     a.write_text(json.dumps(other))
     assert cli(["ablate", "--from-json", str(a), str(b), "--merge"]) == 1
     assert "differ in eval_settings" in capsys.readouterr().err
+    other["evidence"]["eval_settings"] = whole["evidence"]["eval_settings"]
+    a.write_text(json.dumps(other))
+    finals = json.loads(b.read_text())
+    finals["evidence"]["final_only"] = True  # every evaluated checkpoint in one report, the finals alone in the other
+    b.write_text(json.dumps(finals))
+    assert cli(["ablate", "--from-json", str(a), str(b), "--merge"]) == 1
+    assert "differ in checkpoints played (final_only)" in capsys.readouterr().err
     assert cli(["ablate", "--from-json", str(a), "--merge"]) == 1
     assert "several --from-json reports" in capsys.readouterr().err
