@@ -54,26 +54,27 @@ LONG_SEEDS=${LONG_SEEDS:-}
 ORACLE_SEEDS=${ORACLE_SEEDS:-}
 ZERO_SEEDS=${ZERO_SEEDS:-}
 ZLONG_SEEDS=${ZLONG_SEEDS:-}
+# Arms in order: an arm without seeds ends the list (arm i's GRPO seeds are s + 1000 x i, so none runs without the
+# arms before it)
 ARMS="{name: sparse400, seeds: $SPARSE_SEEDS, overrides: [$CAP]}"
-if [ -n "$GATED_SEEDS" ]; then
-  ARMS="$ARMS, {name: gated400, seeds: $GATED_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio]}, \
-{name: gated400_time, seeds: $TIME_SEEDS, overrides: [$CAP, $GATE, gate.predictor=time]}"
-  if [ -n "$CUT10_SEEDS" ]; then
-    ARMS="$ARMS, {name: gated400_cut10, seeds: $CUT10_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, gate.wrong_cut_rate=0.1]}"
-    if [ -n "$LONG_SEEDS" ]; then
-      ARMS="$ARMS, {name: gated400_long, seeds: $LONG_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, grpo.steps=28]}"
-      if [ -n "$ORACLE_SEEDS" ]; then
-        ARMS="$ARMS, {name: oracle400, seeds: $ORACLE_SEEDS, overrides: [$CAP, grpo.oracle_cut_steps=24, grpo.anchor_fraction=0.25]}"
-        if [ -n "$ZERO_SEEDS" ]; then
-          ARMS="$ARMS, {name: gated400_zero, seeds: $ZERO_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, gate.cut_reward=failure]}"
-          if [ -n "$ZLONG_SEEDS" ]; then
-            ARMS="$ARMS, {name: gated400_zero_long, seeds: $ZLONG_SEEDS, overrides: [$CAP, $GATE, gate.predictor=proprio, gate.cut_reward=failure, grpo.steps=28]}"
-          fi
-        fi
-      fi
-    fi
+ENDED=
+arm() {  # NAME SEEDS OVERRIDES
+  if [ -z "$2" ]; then
+    ENDED=${ENDED:-$1}
+  elif [ -n "$ENDED" ]; then
+    echo "$1 has seeds but $ENDED, an arm before it, has none: the arms' order sets their GRPO seeds" >&2
+    exit 2
+  else
+    ARMS="$ARMS, {name: $1, seeds: $2, overrides: [$3]}"
   fi
-fi
+}
+arm gated400 "$GATED_SEEDS" "$CAP, $GATE, gate.predictor=proprio"
+arm gated400_time "$TIME_SEEDS" "$CAP, $GATE, gate.predictor=time"
+arm gated400_cut10 "$CUT10_SEEDS" "$CAP, $GATE, gate.predictor=proprio, gate.wrong_cut_rate=0.1"
+arm gated400_long "$LONG_SEEDS" "$CAP, $GATE, gate.predictor=proprio, grpo.steps=28"
+arm oracle400 "$ORACLE_SEEDS" "$CAP, grpo.oracle_cut_steps=24, grpo.anchor_fraction=0.25"
+arm gated400_zero "$ZERO_SEEDS" "$CAP, $GATE, gate.predictor=proprio, gate.cut_reward=failure"
+arm gated400_zero_long "$ZLONG_SEEDS" "$CAP, $GATE, gate.predictor=proprio, gate.cut_reward=failure, grpo.steps=28"
 MORE_ARMS=${MORE_ARMS:-}
 MORE_SAMPLES=${MORE_SAMPLES:-8}
 PROTOCOLS=()

@@ -469,7 +469,9 @@ def guarded_arms(guard: dict, sft: dict, finals: dict[str, list[dict]], seeds: d
     (`sft`, `finals`: by state, the report's protocol; `seeds`: each arm's, in the order of `finals`)."""
     start = _by_state(guard["sft"])
     rows = []
-    for arm, checks in [(arm, checks) for arm, checks in guard["arms"].items() if arm in seeds]:
+    for arm, checks in guard["arms"].items():
+        if arm not in seeds:  # an arm the judged protocol does not play
+            continue
         if guard["seeds"][arm] != seeds[arm]:
             raise ValueError(f"the guard's evidence for arm {arm!r} holds seeds {guard['seeds'][arm]}, the held-out "
                              f"evidence {seeds[arm]}: they must be the same cells")

@@ -12,7 +12,7 @@ order GRPO's gated execution uses (`GRPOTrainer.rollouts` and `corrections`). `-
 adds the perfect predictor on the same anchors: every other failure cut at `min_steps`, the most any
 predictor could save there.
 
-What it cannot show: how the gate's rewards (a cut rollout's reward is its prediction) would have
+What it cannot show: how the gate's rewards (a cut rollout's prediction, or 0) would have
 changed the policy; the rollouts after the first step are the sparse run's, not a gated run's.
 """
 
