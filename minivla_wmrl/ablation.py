@@ -16,7 +16,9 @@ Outputs under `OUT/ablation/`: one directory per cell (`<arm>/seed<s>/`: the GRP
 checking that it ran the GRPO settings the recipe asks for now),
 `eval/sft/`, and `ablation.json` (the report and its evidence: every seed's episodes, real
 steps and training metrics, and the software versions), `ablation.md` and `ablation.png`
-(held-out success against cumulative real-simulator steps). Each further evaluation protocol `P`
+(held-out success against cumulative real-simulator steps; non-inferiority to the first arm at
+`budget_ratio` times fewer real steps: each seed's last evaluated checkpoint within that budget
+against the first arm's finals). Each further evaluation protocol `P`
 in `protocols` (e.g. greedy decoding beside the recipe's sampled one) plays the same checkpoints
 and the SFT checkpoint into `eval_P/` directories, with its own report in `eval_P/ablation.json`;
 adding one to a finished ablation only evaluates. A protocol may play only some arms and only each
@@ -115,6 +117,10 @@ class AblationConfig:
     # choice on the recipe's own held-out protocol. "": no guarded rows.
     guard_protocol: str = ""
     guard_p: Annotated[float, Range(0, 1)] = 0.05
+    # non-inferiority at a fixed real-execution cost: each seed's last evaluated checkpoint within the first
+    # arm's mean real steps / budget_ratio (SFT where none is), against the first arm's finals; the default
+    # is WMRL's bar of 1.5x fewer real steps. 0: no such rows
+    budget_ratio: Annotated[float, Range(0)] = 1.5
 
 
 @dataclass
@@ -446,7 +452,7 @@ def collect_evidence(recipe, protocol: Protocol | None = None) -> dict:
             "sft": {"overall": json.loads((sft_eval / "eval_info.json").read_text())["overall"],
                     "episodes": _episode_rows(sft_results)},
             "arms": arms, "first_arm": ablation.arms[0].name,
-            "final_only": protocol is not None and protocol.final_only,
+            "final_only": protocol is not None and protocol.final_only, "budget_ratio": ablation.budget_ratio,
             "seeding": "paired: every arm uses the same GRPO seeds" if ablation.paired_seeds else
                        f"independent: arm i uses GRPO seed s + {SEED_STRIDE} × i",
             "grpo": {k: v for k, v in asdict(recipe.grpo.grpo).items() if k != "seed"},
@@ -541,9 +547,33 @@ def summarize_ablation(evidence: dict) -> dict:
     report = {"sft": evidence["sft"]["overall"], "eval_settings": evidence["eval_settings"], "arms": arms,
               "first_arm": first, "seeding": evidence["seeding"], "grpo": evidence["grpo"],
               "statistics_unit": SEED_LEVEL_UNIT, "evidence": evidence}
+    ratio = evidence.get("budget_ratio", 0)  # evidence written before the setting existed: no budget rows
+    if ratio and not evidence.get("final_only", False):
+        budget = arms[0]["real_steps"]["mean"] / ratio
+        report["budget"] = {"ratio": ratio, "real_steps": budget}
+        for entry, cells in zip(arms[1:], [e["cells"] for e in evidence["arms"][1:]]):
+            entry["at_budget"] = within_budget(cells, budget, sft, finals[first])
     if "guard" in evidence:
         report["guarded"] = guarded_arms(evidence["guard"], sft, finals, {a["arm"]: a["seeds"] for a in arms})
     return report
+
+
+def within_budget(cells: list[dict], budget: float, sft: dict, first_finals: list[dict]) -> dict:
+    """Each seed's last evaluated checkpoint whose cumulative real steps are within `budget` (SFT's
+    episodes where none is: all the run had to show at that cost) and its seed-level difference to the
+    first arm's finals (`sft`, `first_finals`: by state). A rule fixed in advance, not the checkpoint
+    that happened to score best, so the comparison is not flattered by selection."""
+    steps, real_steps, chosen = [], [], []
+    for cell in cells:
+        within = [e for e in cell["evaluations"] if e["real_steps"] <= budget]
+        steps.append(within[-1]["step"] if within else 0)
+        real_steps.append(within[-1]["real_steps"] if within else 0)
+        chosen.append(_by_state(within[-1]["episodes"]) if within else sft)
+    per_seed = [float(np.mean(list(c.values()))) for c in chosen]
+    shared = min(len(first_finals), len(chosen))
+    return {"steps": steps, "real_steps": real_steps, "held_out_per_seed": per_seed,
+            "held_out": mean_interval(per_seed, bounds=RATE_BOUNDS),
+            "vs_first_arm": seed_level_difference(first_finals[:shared], chosen[:shared])}
 
 
 def _auroc_over_seeds(cells: list[dict]) -> dict | None:
@@ -704,6 +734,21 @@ def ablation_table(report: dict) -> str:
         lines += ["", "\\* interpolated on a straight line between the two evaluated points around the crossing (SFT "
                   "counts as one, at 0 steps): not a measurement of when the success was reached; set "
                   "`ablation.eval_every` for more evaluated checkpoints."]
+    if "budget" in report:
+        budget = report["budget"]
+        lines += ["", f"At a fixed real-execution cost: {first_arm}'s mean real steps / {budget['ratio']:g} = "
+                  f"{budget['real_steps']:.0f}. Each seed's last evaluated checkpoint within it (SFT where none is: "
+                  f"GRPO step 0) against {first_arm}'s final of the same seed index: non-inferiority at "
+                  f"{budget['ratio']:g}× fewer real steps.", "",
+                  "| arm | GRPO step per seed | real steps, mean | held-out success, mean over seeds [95% t] | "
+                  f"per seed | vs {first_arm}'s final, seed-level [95% CI] |", "|---|---|---|---|---|---|"]
+        for arm in report["arms"][1:]:
+            within = arm["at_budget"]
+            lines.append(f"| {arm['arm']} | {', '.join(str(s) for s in within['steps'])} | "
+                         f"{np.mean(within['real_steps']):.0f} | {100 * within['held_out']['mean']:.1f}% "
+                         f"{_pct(within['held_out']['ci95'])} | "
+                         + ", ".join(f"{100 * x:.0f}%" for x in within["held_out_per_seed"])
+                         + f" | {_seed_level(within['vs_first_arm'])} |")
     return "\n".join(lines) + "\n"
 
 

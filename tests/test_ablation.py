@@ -79,6 +79,10 @@ def test_ablation_pairs_arms_on_held_out_states_and_resumes(recipe_path, capsys)
     table = (out / "ablation" / "ablation.md").read_text()
     assert "| lr0 |" in table and "8/8" in table and "Real-simulator cost" in table
     assert sparse["calibration_auroc"] is None and "| sparse | " in table.split("Real-simulator cost")[1]
+    budget = report["budget"]  # non-inferiority at 1.5x fewer real steps than the first arm, by default
+    assert budget == {"ratio": 1.5, "real_steps": pytest.approx(sparse["real_steps"]["mean"] / 1.5)}
+    assert "at_budget" not in sparse and all(s <= budget["real_steps"] for s in lr0["at_budget"]["real_steps"])
+    assert "At a fixed real-execution cost" in table
     interpolated = any(arm["steps_interpolated"] for arm in (sparse, lr0))
     assert ("interpolated on a straight line" in table) == interpolated  # every interpolated crossing is flagged
     # the report carries its evidence (every seed's episodes) and recomputes from it alone
@@ -233,6 +237,27 @@ def test_the_guard_keeps_a_final_checkpoint_only_past_its_significance_level():
     assert loose["held_out_per_seed"] == [0.6, 0.3]
     with pytest.raises(ValueError, match="must be the same cells"):
         guarded_arms(guard | {"accept_p": 0.05}, sft_held_out, finals, {"sparse": [0, 2]})
+
+
+def test_the_fixed_cost_comparison_takes_each_seeds_last_checkpoint_within_the_budget():
+    from minivla_wmrl.ablation import within_budget
+
+    def rows(successes):  # episode rows [task, trial, sample, success] on 10 states
+        return [[0, trial, 0, int(trial < successes)] for trial in range(10)]
+
+    def by_state(successes):
+        return {((0, trial), 0): trial < successes for trial in range(10)}
+
+    cells = [{"evaluations": [{"step": 5, "real_steps": 100.0, "episodes": rows(4)},
+                              {"step": 10, "real_steps": 200.0, "episodes": rows(9)}]},  # past the budget
+             {"evaluations": [{"step": 5, "real_steps": 120.0, "episodes": rows(6)},
+                              {"step": 10, "real_steps": 150.0, "episodes": rows(7)}]},
+             {"evaluations": [{"step": 5, "real_steps": 180.0, "episodes": rows(9)}]}]  # none within: SFT's
+    result = within_budget(cells, 160.0, by_state(2), [by_state(5)] * 3)
+    assert result["steps"] == [5, 10, 0] and result["real_steps"] == [100.0, 150.0, 0]
+    assert result["held_out_per_seed"] == [0.4, 0.7, 0.2]  # the 90% checkpoints cost more than the budget
+    assert result["vs_first_arm"]["difference"] == pytest.approx((0.4 + 0.7 + 0.2) / 3 - 0.5)
+    assert [s["episodes"] for s in result["vs_first_arm"]["per_seed"]] == [10, 10, 10]
 
 
 def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):

@@ -116,6 +116,9 @@ def plot_ablation(report: dict, path: Path) -> Path:
             errors[1].append(high - p["success"]["mean"])
         ax.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=arm["arm"])
         drawn[arm["arm"]] = list(zip(x, y))
+    if "budget" in report:  # where the fixed-cost comparison picks each seed's checkpoint
+        ax.axvline(report["budget"]["real_steps"], color="grey", linestyle=":",
+                   label=f"{report['first_arm']}'s real steps / {report['budget']['ratio']:g}")
     ax.set_xlabel("cumulative real-simulator steps")
     ax.set_ylabel("held-out success")
     ax.set_title("held-out success vs real-simulator steps (mean over seeds, 95% CI)", fontsize=10)
