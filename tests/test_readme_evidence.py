@@ -211,7 +211,9 @@ def test_the_cap_400_rows_are_the_committed_ablation_and_replay():
             "gated400_cut10": ("| gated, probe, wrong-cut rate 0.1 |", "| gated400_cut10 ("),
             "gated400_long": ("| gated, probe, 28 GRPO steps |", "| gated400_long ("),
             "oracle400": ("| sparse, trained as a perfect gate would |", "| oracle400 ("),
-            "gated400_zero": ("| gated, probe, cut rollouts rewarded 0 |", "| gated400_zero (")}
+            "gated400_zero": ("| gated, probe, cut rollouts rewarded 0 |", "| gated400_zero ("),
+            "gated400_zero_long": ("| gated, probe, cut rollouts rewarded 0, 28 GRPO steps |",
+                                   "| gated400_zero_long (")}
     assert sorted(arms) == sorted(rows) and f"SFT {100 * report['sft']['success_rate']:.1f}%" in readme
     sparse_per_step = arms["sparse400"]["real_steps_per_grpo_step"]
     for name, starts in rows.items():
@@ -231,11 +233,18 @@ def test_the_cap_400_rows_are_the_committed_ablation_and_replay():
     claim = (f"reached in {100 * ratio['reached_share']:.0f}% of seed resamples, at {low:.2f}–{high:.2f}× fewer "
              "steps there")
     assert claim in " ".join(readme.split()), claim
-    long = arms["gated400_long"]  # the headline: real steps to reach sparse's final, as a ratio over seeds
-    low, high = long["real_step_ratio_interval"]["ci95"]
+    for name in ("gated400_long", "gated400_zero_long"):  # the headline: real steps to reach sparse's final
+        long = arms[name]
+        low, high = long["real_step_ratio_interval"]["ci95"]
+        for text in (readme, docs):
+            claim = f"{long['real_step_ratio']:.2f}× [{low:.2f}, {high:.2f}]"
+            assert claim in text, (name, claim)
+    budget = arms["gated400_zero_long"]["at_budget"]  # non-inferiority at 1.5x fewer real steps than sparse
+    assert report["budget"]["ratio"] == 1.5
     for text in (readme, docs):
-        claim = f"{long['real_step_ratio']:.2f}× [{low:.2f}, {high:.2f}]"
-        assert claim in text, claim
+        flat = " ".join(text.split())
+        assert f"{100 * budget['held_out']['mean']:.1f}% (" in flat and _difference(budget["vs_first_arm"]) in flat
+        assert f"steps {', '.join(str(s) for s in budget['steps'])}" in flat
     replay = json.loads((ROOT / "docs" / "gate_report_task28_cap400.json").read_text())
     assert report_table(replay["reports"]) in docs
 
