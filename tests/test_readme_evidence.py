@@ -239,6 +239,11 @@ def test_the_cap_400_rows_are_the_committed_ablation_and_replay():
         for text in (readme, docs):
             claim = f"{long['real_step_ratio']:.2f}× [{low:.2f}, {high:.2f}]"
             assert claim in text, (name, claim)
+    # the rewarded-0 gate at GRPO step 14 or 15 (third evaluated checkpoint), pooled over both arms that ran it
+    ends = [c[2] for c in arms["gated400_zero"]["seed_curves"] + arms["gated400_zero_long"]["seed_curves"]]
+    real, success = (sum(end[i] for end in ends) / len(ends) for i in (0, 1))
+    for text in (readme, docs):
+        assert f"{100 * success:.1f}% at {real / 1000:.1f}k real steps" in " ".join(text.split())
     budget = arms["gated400_zero_long"]["at_budget"]  # non-inferiority at 1.5x fewer real steps than sparse
     assert report["budget"]["ratio"] == 1.5
     for text in (readme, docs):
