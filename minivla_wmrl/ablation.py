@@ -487,11 +487,16 @@ def guarded_arms(guard: dict, sft: dict, finals: dict[str, list[dict]], seeds: d
             tracker.update(0, start)
             kept.append(tracker.update(1, _by_state(episodes))["val_improved"])
         chosen = [final if keep else sft for final, keep in zip(finals[arm], kept)]
-        per_seed = [float(np.mean(list(c.values()))) for c in chosen]
+        per_seed = _success_rates(chosen)
         rows.append({"arm": arm, "kept": kept, "held_out_per_seed": per_seed,
                      "held_out": mean_interval(per_seed, bounds=RATE_BOUNDS),
                      "vs_sft": seed_level_difference([sft] * len(chosen), chosen)})
     return rows
+
+
+def _success_rates(chosen: list[dict]) -> list[float]:
+    """Each seed's held-out success from its chosen checkpoint's episodes (by state)."""
+    return [float(np.mean(list(episodes.values()))) for episodes in chosen]
 
 
 def summarize_ablation(evidence: dict) -> dict:
@@ -569,7 +574,7 @@ def within_budget(cells: list[dict], budget: float, sft: dict, first_finals: lis
         steps.append(within[-1]["step"] if within else 0)
         real_steps.append(within[-1]["real_steps"] if within else 0)
         chosen.append(_by_state(within[-1]["episodes"]) if within else sft)
-    per_seed = [float(np.mean(list(c.values()))) for c in chosen]
+    per_seed = _success_rates(chosen)
     shared = min(len(first_finals), len(chosen))
     return {"steps": steps, "real_steps": real_steps, "held_out_per_seed": per_seed,
             "held_out": mean_interval(per_seed, bounds=RATE_BOUNDS),

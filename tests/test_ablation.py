@@ -220,11 +220,13 @@ def test_a_final_only_protocol_plays_the_chosen_arms_final_checkpoints_alone(rec
         assert expected in capsys.readouterr().err
 
 
+def rows(successes: int, states: int = 20) -> list[list]:
+    """Episode rows [task, trial, sample, success]: the first `successes` of `states` init states succeed."""
+    return [[0, trial, 0, int(trial < successes)] for trial in range(states)]
+
+
 def test_the_guard_keeps_a_final_checkpoint_only_past_its_significance_level():
     from minivla_wmrl.ablation import guarded_arms
-
-    def rows(successes):  # episode rows [task, trial, sample, success] on 20 states
-        return [[0, trial, 0, int(trial < successes)] for trial in range(20)]
 
     sft_held_out = {((0, t), 0): t < 5 for t in range(20)}
     finals = {"sparse": [{((0, t), 0): t < 12 for t in range(20)}, {((0, t), 0): t < 6 for t in range(20)}]}
@@ -242,17 +244,14 @@ def test_the_guard_keeps_a_final_checkpoint_only_past_its_significance_level():
 def test_the_fixed_cost_comparison_takes_each_seeds_last_checkpoint_within_the_budget():
     from minivla_wmrl.ablation import within_budget
 
-    def rows(successes):  # episode rows [task, trial, sample, success] on 10 states
-        return [[0, trial, 0, int(trial < successes)] for trial in range(10)]
-
     def by_state(successes):
         return {((0, trial), 0): trial < successes for trial in range(10)}
 
-    cells = [{"evaluations": [{"step": 5, "real_steps": 100.0, "episodes": rows(4)},
-                              {"step": 10, "real_steps": 200.0, "episodes": rows(9)}]},  # past the budget
-             {"evaluations": [{"step": 5, "real_steps": 120.0, "episodes": rows(6)},
-                              {"step": 10, "real_steps": 150.0, "episodes": rows(7)}]},
-             {"evaluations": [{"step": 5, "real_steps": 180.0, "episodes": rows(9)}]}]  # none within: SFT's
+    cells = [{"evaluations": [{"step": 5, "real_steps": 100.0, "episodes": rows(4, 10)},
+                              {"step": 10, "real_steps": 200.0, "episodes": rows(9, 10)}]},  # past the budget
+             {"evaluations": [{"step": 5, "real_steps": 120.0, "episodes": rows(6, 10)},
+                              {"step": 10, "real_steps": 150.0, "episodes": rows(7, 10)}]},
+             {"evaluations": [{"step": 5, "real_steps": 180.0, "episodes": rows(9, 10)}]}]  # none within: SFT's
     result = within_budget(cells, 160.0, by_state(2), [by_state(5)] * 3)
     assert result["steps"] == [5, 10, 0] and result["real_steps"] == [100.0, 150.0, 0]
     assert result["held_out_per_seed"] == [0.4, 0.7, 0.2]  # the 90% checkpoints cost more than the budget
