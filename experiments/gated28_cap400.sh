@@ -33,6 +33,9 @@
 #   gated400_zero_long: gated400_zero for 28 GRPO steps (its 14 end just short of sparse400's final: the headline
 #     ratio needs the curve to reach it), seeds $ZLONG_SEEDS (default none; needs ZERO_SEEDS set: arm index 7, GRPO
 #     seeds s + 7000).
+#   shuffled400: sparse400 with its rewards deranged within each group (grpo.shuffle_rewards), the control that must
+#     not help at this cap; seeds $SHUFFLED_SEEDS (default none; needs ZLONG_SEEDS set: arm index 8, GRPO seeds
+#     s + 8000).
 # More episodes where the comparison is decided: MORE_ARMS (default none; e.g. "sparse400, gated400_zero", sparse400
 # first) adds the protocol `samplesN` (N: MORE_SAMPLES, default 8): each listed arm's final checkpoints and SFT on the
 # same 25 held-out states x N samples (the first 2 samples are the recipe protocol's 50 episodes again), its report in
@@ -54,6 +57,7 @@ LONG_SEEDS=${LONG_SEEDS:-}
 ORACLE_SEEDS=${ORACLE_SEEDS:-}
 ZERO_SEEDS=${ZERO_SEEDS:-}
 ZLONG_SEEDS=${ZLONG_SEEDS:-}
+SHUFFLED_SEEDS=${SHUFFLED_SEEDS:-}
 # Arms in order: an arm without seeds ends the list (arm i's GRPO seeds are s + 1000 x i, so none runs without the
 # arms before it)
 ARMS="{name: sparse400, seeds: $SPARSE_SEEDS, overrides: [$CAP]}"
@@ -75,6 +79,7 @@ arm gated400_long "$LONG_SEEDS" "$CAP, $GATE, gate.predictor=proprio, grpo.steps
 arm oracle400 "$ORACLE_SEEDS" "$CAP, grpo.oracle_cut_steps=24, grpo.anchor_fraction=0.25"
 arm gated400_zero "$ZERO_SEEDS" "$CAP, $GATE, gate.predictor=proprio, gate.cut_reward=failure"
 arm gated400_zero_long "$ZLONG_SEEDS" "$CAP, $GATE, gate.predictor=proprio, gate.cut_reward=failure, grpo.steps=28"
+arm shuffled400 "$SHUFFLED_SEEDS" "$CAP, grpo.shuffle_rewards=true"
 MORE_ARMS=${MORE_ARMS:-}
 MORE_SAMPLES=${MORE_SAMPLES:-8}
 PROTOCOLS=()
