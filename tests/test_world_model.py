@@ -202,6 +202,25 @@ def test_metrics_report_auroc_on_prefixes(labelled):
         WorldModelTrainer(model, WMTrainConfig(eval_prefixes=[0]))
 
 
+def test_training_curves_draw_the_prefix_aurocs_beside_the_whole_episode_one(tmp_path):
+    from minivla_wmrl.evaluation.plots import plot_training_curves
+
+    records = [{"step": 10, "loss": 0.9},
+               {"step": 100, "loss": 0.5, "val_success_auroc": 1.0, "val_prefix12_success_auroc": 0.7,
+                "val_prefix3_success_auroc": 0.55},
+               {"step": 200, "loss": 0.4, "val_success_auroc": 1.0, "val_prefix12_success_auroc": 0.8,
+                "val_prefix3_success_auroc": float("nan")}]
+    (tmp_path / "wm").mkdir()
+    (tmp_path / "wm" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    plot_training_curves(tmp_path, tmp_path / "curves.png")
+    drawn = json.loads((tmp_path / "curves.png.json").read_text())
+    assert list(drawn) == ["wm: loss", "wm: val_success_auroc", "wm: val_prefix3_success_auroc",
+                           "wm: val_prefix12_success_auroc"]  # prefixes by length, not by name
+    assert drawn["wm: val_success_auroc"] == [[100, 1.0], [200, 1.0]]
+    assert drawn["wm: val_prefix3_success_auroc"] == [[100, 0.55]]  # a NaN (one outcome held out) is not drawn
+    assert drawn["wm: val_prefix12_success_auroc"] == [[100, 0.7], [200, 0.8]]
+
+
 def test_envs_and_world_models_stand_alone():
     """Neither package imports minivla_wmrl; the policy encoder is injected by minivla_wmrl, by name."""
     code = ("import sys\n"

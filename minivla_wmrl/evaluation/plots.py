@@ -33,8 +33,16 @@ def _save(plt, figure, path: Path, points: dict) -> Path:
     return Path(path)
 
 
+def _prefix_keys(records: list[dict]) -> list[str]:
+    """The world model's held-out AUROCs from the first n frames (`wm.train.eval_prefixes`), by n."""
+    keys = {k for r in records for k in r if k.startswith("val_prefix") and k.endswith("_success_auroc")}
+    return sorted(keys, key=lambda k: int(k.removeprefix("val_prefix").removesuffix("_success_auroc")))
+
+
 def plot_training_curves(run_dir: Path, path: Path) -> Path:
-    """One column per stage that logged metrics (sft, wm, grpo), its metrics one under another."""
+    """One column per stage that logged metrics (sft, wm, grpo), its metrics one under another. The world
+    model's held-out success AUROC is drawn beside its AUROCs from episode prefixes, when logged: a whole
+    episode shows its outcome, what the gate and truncated scoring need is the prefix's."""
     stages = [s for s in CURVES if (Path(run_dir) / s / "metrics.jsonl").exists()]
     plt, figure, axes = _figure(max(len(keys) for keys in CURVES.values()), max(len(stages), 1))
     drawn = {}
@@ -43,17 +51,24 @@ def plot_training_curves(run_dir: Path, path: Path) -> Path:
         for row in range(len(CURVES[stage]), len(axes)):
             axes[row][col].set_visible(False)
         for row, key in enumerate(CURVES[stage]):
-            points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None and np.isfinite(r[key])]
-            if key == "val_success" and points:  # the starting policy's check, before step 1
-                points.insert(0, (0, next(r["val_success_start"] for r in records if "val_success_start" in r)))
             ax = axes[row][col]
-            if points:
-                ax.plot(*zip(*points), marker="." if len(points) < 30 else None)
-            elif any(key in r for r in records):  # logged, never finite (e.g. an AUROC with one outcome held out)
-                ax.text(0.5, 0.5, "logged, never finite", ha="center", va="center", transform=ax.transAxes)
+            series = [key] + (_prefix_keys(records) if key == "val_success_auroc" else [])
+            for name in series:
+                points = [(r["step"], r[name]) for r in records
+                          if name in r and r[name] is not None and np.isfinite(r[name])]
+                if name == "val_success" and points:  # the starting policy's check, before step 1
+                    points.insert(0, (0, next(r["val_success_start"] for r in records if "val_success_start" in r)))
+                label = (f"first {name.removeprefix('val_prefix').removesuffix('_success_auroc')} frames"
+                         if name != key else "whole episode")
+                if points:
+                    ax.plot(*zip(*points), marker="." if len(points) < 30 else None, label=label)
+                elif name == key and any(key in r for r in records):  # logged, never finite (one outcome held out)
+                    ax.text(0.5, 0.5, "logged, never finite", ha="center", va="center", transform=ax.transAxes)
+                drawn[f"{stage}: {name}"] = points
+            if len(series) > 1:
+                ax.legend(fontsize="small")
             ax.set_title(f"{stage}: {key}")
             ax.set_xlabel("step")
-            drawn[f"{stage}: {key}"] = points
     return _save(plt, figure, path, drawn)
 
 
