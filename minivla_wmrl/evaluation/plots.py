@@ -33,10 +33,11 @@ def _save(plt, figure, path: Path, points: dict) -> Path:
     return Path(path)
 
 
-def _prefix_keys(records: list[dict]) -> list[str]:
-    """The world model's held-out AUROCs from the first n frames (`wm.train.eval_prefixes`), by n."""
-    keys = {k for r in records for k in r if k.startswith("val_prefix") and k.endswith("_success_auroc")}
-    return sorted(keys, key=lambda k: int(k.removeprefix("val_prefix").removesuffix("_success_auroc")))
+def _prefix_series(records: list[dict]) -> dict[str, str]:
+    """The world model's held-out AUROCs from the first n frames (`wm.train.eval_prefixes`), by n: key → label."""
+    frames = {k: int(k.removeprefix("val_prefix").removesuffix("_success_auroc"))
+              for r in records for k in r if k.startswith("val_prefix") and k.endswith("_success_auroc")}
+    return {k: f"first {n} frames" for k, n in sorted(frames.items(), key=lambda item: item[1])}
 
 
 def plot_training_curves(run_dir: Path, path: Path) -> Path:
@@ -52,14 +53,12 @@ def plot_training_curves(run_dir: Path, path: Path) -> Path:
             axes[row][col].set_visible(False)
         for row, key in enumerate(CURVES[stage]):
             ax = axes[row][col]
-            series = [key] + (_prefix_keys(records) if key == "val_success_auroc" else [])
-            for name in series:
+            series = {key: "whole episode"} | (_prefix_series(records) if key == "val_success_auroc" else {})
+            for name, label in series.items():
                 points = [(r["step"], r[name]) for r in records
                           if name in r and r[name] is not None and np.isfinite(r[name])]
                 if name == "val_success" and points:  # the starting policy's check, before step 1
                     points.insert(0, (0, next(r["val_success_start"] for r in records if "val_success_start" in r)))
-                label = (f"first {name.removeprefix('val_prefix').removesuffix('_success_auroc')} frames"
-                         if name != key else "whole episode")
                 if points:
                     ax.plot(*zip(*points), marker="." if len(points) < 30 else None, label=label)
                 elif name == key and any(key in r for r in records):  # logged, never finite (one outcome held out)
