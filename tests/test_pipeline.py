@@ -51,6 +51,25 @@ def test_suite_recipes_cover_every_suite_with_the_product_setting():
         assert recipe["sft"]["policy"]["preset"] == "minivla-1b" and recipe["eval"]["trials"] == 50
 
 
+@pytest.mark.parametrize("suite", ["libero_90", "libero_10", "libero_spatial", "libero_object", "libero_goal"])
+def test_the_gated_overrides_a_suite_recipe_quotes_give_the_recommended_gate(suite, capsys):
+    from minivla_wmrl.infra.config import load_recipe
+    from minivla_wmrl.pipeline import PipelineRecipe
+
+    lines = Path(f"recipes/{suite}.yaml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().endswith("Add to the command line:")) + 1
+    quoted = []
+    for line in lines[start:]:
+        if not line.strip().startswith("#   grpo."):
+            break
+        quoted += line.strip().lstrip("#").split()
+    assert cli(["run", "--dry-run", f"recipes/{suite}.yaml", *quoted]) == 0
+    assert "valid." in capsys.readouterr().out
+    grpo = load_recipe(PipelineRecipe, Path(f"recipes/{suite}.yaml"), quoted).grpo
+    assert (grpo.grpo.execution, grpo.grpo.reward_mode, grpo.grpo.anchor_fraction) == ("gated", "sparse", 0.25)
+    assert (grpo.gate.predictor, grpo.gate.cut_reward, grpo.gate.warm_start) == ("proprio", "failure", True)
+
+
 def test_missing_user_inputs_say_what_is_needed_and_where(tmp_path, capsys):
     assert cli(["run", "recipes/libero_10.yaml", f"out={tmp_path / 'run'}", "--stage", "sft"]) == 1
     err = capsys.readouterr().err

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Issue 31's headline again, as a user's first gated run on a task would meet it: the rewarded-0 probe gate for
+# 28 GRPO steps against sparse GRPO for 14, task 28 at the 400-step cap, where the gate learns from nothing but
+# this run's own wm-stage collection (48 rollouts of the SFT policy to the 400-step cap, its real steps reported
+# apart) and the run's executed episodes. experiments/gated28_cap400.sh's gated arms also read two sparse400
+# runs' 448 episodes (133k real steps, not charged), and its SFT checkpoint (kernel v1272) did not reproduce on a
+# later machine, so its seeds cannot be extended; this one starts from the SFT checkpoint rebuilt where it runs.
+# Arms, in this order (arm i's GRPO seeds are s + 1000 x i):
+#   sparse400: full execution, 14 GRPO steps of 16 rollouts
+#   gated400_collect: gated400_zero_long's settings (probe on policy signals + proprioception, warm start,
+#     min_steps 24, patience 1, wrong-cut rate 0.2, cut rollouts rewarded 0, 28 GRPO steps), the gate's replay
+#     the wm collection alone (the pipeline's default)
+#   shuffled400: sparse400 with rewards deranged within groups, the control that must not help; seeds
+#     $SHUFFLED_SEEDS (default none)
+# Seeds 0..N-1 (N: SEEDS, default 10) run a seed of each arm at a time (both at once: --parallel 2), so a stop
+# leaves the arms with equal seeds; held out as the recipe's (states 25-49 x 2 samples, cap 120) every 5 steps.
+# Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
+set -e
+cd "$(dirname "$0")/.."
+source .venv/bin/activate
+export MUJOCO_GL=egl OMP_NUM_THREADS=1
+R=runs/rl_cpu_t28_fresh
+CAP="grpo.max_real_steps=400, grpo.queries_per_rollout=50, grpo.save_every=5"
+GATE="grpo.execution=gated, grpo.anchor_fraction=0.25, gate.min_steps=24, gate.patience=1, gate.wrong_cut_rate=0.2, \
+gate.warm_start=true, gate.predictor=proprio, gate.cut_reward=failure"
+SHUFFLED_SEEDS=${SHUFFLED_SEEDS:-}
+for n in $(seq 1 "${SEEDS:-10}"); do
+  S="[$(seq -s ', ' 0 $((n - 1)))]"
+  ARMS="{name: sparse400, seeds: $S, overrides: [$CAP]}, \
+{name: gated400_collect, seeds: $S, overrides: [$CAP, $GATE, grpo.steps=28]}"
+  if [ -n "$SHUFFLED_SEEDS" ]; then
+    ARMS="$ARMS, {name: shuffled400, seeds: $SHUFFLED_SEEDS, overrides: [$CAP, grpo.shuffle_rewards=true]}"
+  fi
+  minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' \
+    wm.collect.episodes_per_task=48 wm.collect.max_steps=400 ablation.eval_every=5 "ablation.arms=[$ARMS]" \
+    --parallel ${PARALLEL:-2} "$@"
+done
