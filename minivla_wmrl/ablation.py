@@ -43,6 +43,7 @@ from typing import Annotated
 
 import numpy as np
 
+from minivla_wmrl.data.replay import replay_real_steps
 from minivla_wmrl.evaluation.compare import by_state, check_comparable, load_evaluation
 from minivla_wmrl.evaluation.evaluate import SettingsChanged, evaluate
 from minivla_wmrl.evaluation.plots import plot_ablation
@@ -415,12 +416,22 @@ def _read_cell(directory: Path, protocol: Protocol | None) -> dict:
     disk (the episodes the paired comparisons use), not from the copy in cell.json."""
     cell = json.loads((directory / "cell.json").read_text())
     cell["evaluations"] = played(protocol, cell["evaluations"])
+    cell["replay_real_steps"] = gate_replay_real_steps(directory)
     for evaluation in cell["evaluations"]:  # where the cell directory is now, whatever the working directory
         eval_dir = directory / eval_dirname(protocol) / Path(evaluation.pop("eval_dir")).name
         evaluation["success"] = json.loads((eval_dir / "eval_info.json").read_text())["overall"]
         evaluation["settings"], results = load_evaluation(eval_dir)
         evaluation["episodes"] = _episode_rows(results)
     return cell
+
+
+def gate_replay_real_steps(directory: Path) -> int:
+    """Real steps of the episodes a gated cell's gate started from (`gate.replay`: the wm stage's collection,
+    earlier runs), which the cell's own count leaves out; 0 for other executions."""
+    recipe = read_json(directory / "recipe.json", "the cell's GRPO recipe")
+    if recipe["grpo"]["execution"] != "gated" or not recipe["gate"]["replay"]:
+        return 0
+    return replay_real_steps(recipe["gate"]["replay"])
 
 
 def _episode_rows(results: dict) -> list[list]:
@@ -529,6 +540,8 @@ def summarize_ablation(evidence: dict) -> dict:
             # rollouts cut before their end (at the horizon, or by the gate), of all the arm ran
             "cut_share": float(np.mean([c.get("truncated_episodes", 0) / c["real_episodes"] for c in cells])),
             "calibration_auroc": _auroc_over_seeds(cells),
+            # what the episodes its gate started from cost (evidence written before it was recorded: none)
+            "replay_real_steps": [c.get("replay_real_steps", 0) for c in cells],
             "wall_s": mean_interval([c["wall_s"] for c in cells]),
             "curve": _curve(cells), "seed_curves": [_seed_curve(c) for c in cells],
         })
@@ -546,6 +559,13 @@ def summarize_ablation(evidence: dict) -> dict:
         entry["real_step_ratio"] = first_needs / needs if needs and first_needs is not None else None
         entry["real_step_ratio_interval"] = real_step_ratio_interval(arms[0]["seed_curves"], entry["seed_curves"],
                                                                      sft_success)
+        if any(entry["replay_real_steps"]):  # the same, the gate's replay charged to the arm (as a first run pays)
+            charge = float(np.mean(entry["replay_real_steps"]))
+            entry["charged_ratio"] = {
+                "steps_to_first_arm_final": None if needs is None else needs + charge,
+                "real_step_ratio": None if needs is None or first_needs is None else first_needs / (needs + charge),
+                "interval": real_step_ratio_interval(arms[0]["seed_curves"], entry["seed_curves"], sft_success,
+                                                     charges=entry["replay_real_steps"])}
     for entry in arms[1:]:  # on the seed indices both arms ran
         shared = min(len(finals[first]), len(finals[entry["arm"]]))
         entry["vs_first_arm"] = seed_level_difference(finals[first][:shared], finals[entry["arm"]][:shared])
@@ -619,20 +639,23 @@ def steps_to_reach(curve: list[dict], sft_success: float, target: float) -> tupl
 
 
 def real_step_ratio_interval(first: list[list], arm: list[list], sft_success: float, resamples: int = 2000,
-                             seed: int = 0) -> dict | None:
+                             seed: int = 0, charges: list[float] | None = None) -> dict | None:
     """Percentile interval of the real-step ratio with seeds resampled (each arm's independently):
     the first arm's steps to reach its own final mean success over this arm's steps to reach it,
     among the resamples in which the arm reached it at all (their share is returned too; the interval
-    is None when fewer than `MIN_RATIOS` did). None with one seed in either."""
+    is None when fewer than `MIN_RATIOS` did). None with one seed in either. `charges`: real steps
+    added to each of the arm's seeds (before its first step: the episodes its gate started from)."""
     if len(first) < 2 or len(arm) < 2 or any(len(c) != len(first[0]) for c in first) \
             or any(len(c) != len(arm[0]) for c in arm):
         return None
     rng = np.random.default_rng(seed)
     first, arm = np.asarray(first, float), np.asarray(arm, float)  # (seeds, points, [real steps, success])
+    charges = np.zeros(len(arm)) if charges is None else np.asarray(charges, float)
     ratios, reached = [], 0
     for _ in range(resamples):
         mean_first = first[rng.integers(len(first), size=len(first))].mean(axis=0)
-        mean_arm = arm[rng.integers(len(arm), size=len(arm))].mean(axis=0)
+        drawn = rng.integers(len(arm), size=len(arm))
+        mean_arm, charge = arm[drawn].mean(axis=0), charges[drawn].mean()
         target = mean_first[-1, 1]
         curve = [{"real_steps": x, "success": {"mean": y}} for x, y in mean_first]
         first_needs, _ = steps_to_reach(curve, sft_success, target)
@@ -640,8 +663,8 @@ def real_step_ratio_interval(first: list[list], arm: list[list], sft_success: fl
                                   target)
         if needs is not None:
             reached += 1
-            if needs > 0:
-                ratios.append(first_needs / needs)
+            if needs + charge > 0:
+                ratios.append(first_needs / (needs + charge))
     if len(ratios) < MIN_RATIOS:
         return {"ci95": None, "reached_share": reached / resamples}
     return {"ci95": [float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))],
@@ -739,6 +762,19 @@ def ablation_table(report: dict) -> str:
         lines += ["", "\\* interpolated on a straight line between the two evaluated points around the crossing (SFT "
                   "counts as one, at 0 steps): not a measurement of when the success was reached; set "
                   "`ablation.eval_every` for more evaluated checkpoints."]
+    charged = [arm for arm in report["arms"] if arm.get("charged_ratio")]
+    if charged:
+        lines += ["", "The same with the episodes each gate started from (`gate.replay`: the wm stage's collection, "
+                  "earlier runs) charged to its arm, as a first gated run on the task pays them:", ""]
+    for arm in charged:
+        c, spread = arm["charged_ratio"], arm["charged_ratio"]["interval"]
+        reached = "not reached" if c["real_step_ratio"] is None else (
+            f"{first_arm}'s final reached at {c['steps_to_first_arm_final']:.0f}: {c['real_step_ratio']:.2f}x")
+        interval = "" if spread is None else "" if spread["ci95"] is None else (
+            f" [{spread['ci95'][0]:.2f}, {spread['ci95'][1]:.2f}]")
+        interval += "" if spread is None else f", reached in {100 * spread['reached_share']:.1f}% of seed resamples"
+        lines.append(f"- {arm['arm']}: {np.mean(arm['replay_real_steps']):.0f} real steps per seed before its first "
+                     f"GRPO step; {reached}{interval}")
     if "budget" in report:
         budget = report["budget"]
         lines += ["", f"At a fixed real-execution cost: {first_arm}'s mean real steps / {budget['ratio']:g} = "

@@ -315,6 +315,9 @@ def test_the_real_step_ratio_interval_resamples_seeds():
     too_few = real_step_ratio_interval(first, faster, sft_success=0.1, resamples=20)  # < 40 ratios: no 95% interval
     assert too_few == {"ci95": None, "reached_share": 1.0}
     assert real_step_ratio_interval(first[:1], faster, sft_success=0.1) is None  # one seed: no interval
+    assert real_step_ratio_interval(first, faster, sft_success=0.1, charges=[0, 0, 0]) == result
+    charged = real_step_ratio_interval(first, faster, sft_success=0.1, charges=[1000, 1000, 1000])
+    assert charged["reached_share"] == 1.0 and charged["ci95"][1] < 1  # paid 1000 steps before its first step
 
 
 def test_several_reports_pool_one_arm_over_their_tasks(capsys):
@@ -381,3 +384,49 @@ def test_reports_of_one_ablation_from_several_sessions_merge_into_one(tmp_path, 
     assert "differ in checkpoints played (final_only)" in capsys.readouterr().err
     assert cli(["ablate", "--from-json", str(a), "--merge"]) == 1
     assert "several --from-json reports" in capsys.readouterr().err
+
+
+def test_a_gated_cell_is_charged_the_real_steps_of_the_episodes_its_gate_started_from(tmp_path):
+    import h5py
+
+    from minivla_wmrl.ablation import gate_replay_real_steps
+    from minivla_wmrl.data.replay import write_replay
+    from tests.test_outcome_probe import rollouts
+
+    collected = rollouts(3, 12)
+    write_replay(tmp_path / "wm" / "replay" / "collect.hdf5", collected, "collect")
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    for execution, replay, charged in [("gated", [str(tmp_path / "wm" / "replay")], sum(t.length for t in collected)),
+                                       ("gated", [], 0), ("full", [str(tmp_path / "wm" / "replay")], 0)]:
+        (cell / "recipe.json").write_text(json.dumps({"grpo": {"execution": execution}, "gate": {"replay": replay}}))
+        assert gate_replay_real_steps(cell) == charged
+    h5py.File(tmp_path / "other.hdf5", "w").close()
+    (cell / "recipe.json").write_text(json.dumps({"grpo": {"execution": "gated"},
+                                                  "gate": {"replay": [str(tmp_path / "other.hdf5")]}}))
+    with pytest.raises(ValueError, match="other.hdf5 has no 'episodes' group"):
+        gate_replay_real_steps(cell)
+
+
+def test_the_charged_ratio_adds_the_replays_cost_to_the_arms_curve():
+    """On the committed cap-400 evidence: charging the gated arm's seeds a planted replay cost moves its steps to
+    sparse's final by exactly that cost, lowers the ratio and its interval; uncharged figures are unchanged."""
+    from minivla_wmrl.ablation import ablation_table, evidence_from_json, summarize_ablation
+
+    evidence = evidence_from_json(Path(__file__).resolve().parent.parent / "docs" / "ablation_rl_cpu_t28_cap400.json")
+    plain = {a["arm"]: a for a in summarize_ablation(evidence)["arms"]}
+    assert all("charged_ratio" not in a for a in plain.values())  # nothing recorded: nothing charged
+    arm = next(a for a in evidence["arms"] if a["arm"] == "gated400_zero_long")
+    for cell in arm["cells"]:
+        cell["replay_real_steps"] = 10000
+    report = summarize_ablation(evidence)
+    charged = next(a for a in report["arms"] if a["arm"] == "gated400_zero_long")
+    before = plain["gated400_zero_long"]
+    assert charged["real_step_ratio"] == before["real_step_ratio"]
+    assert charged["real_step_ratio_interval"] == before["real_step_ratio_interval"]
+    c = charged["charged_ratio"]
+    assert c["steps_to_first_arm_final"] == pytest.approx(before["steps_to_first_arm_final"] + 10000)
+    assert c["real_step_ratio"] < before["real_step_ratio"]
+    assert c["interval"]["ci95"][1] < before["real_step_ratio_interval"]["ci95"][1]
+    assert ("- gated400_zero_long: 10000 real steps per seed before its first GRPO step; sparse400's final reached "
+            f"at {c['steps_to_first_arm_final']:.0f}: {c['real_step_ratio']:.2f}x") in ablation_table(report)

@@ -44,18 +44,38 @@ def write_replay(path: Path, trajectories: Sequence[Trajectory], source: str) ->
     return len(kept)
 
 
-def read_replay(paths: Sequence[str | Path]) -> list[Trajectory]:
-    """Every episode of the files (directories: their *.hdf5), as trajectories carrying the probe's fields."""
+def replay_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The replay files named by `paths` (directories: their *.hdf5)."""
     files = [f for p in map(Path, paths) for f in (sorted(p.glob("*.hdf5")) if p.is_dir() else [p])]
     if not files:
         raise FileNotFoundError(f"no replay files in {', '.join(map(str, paths))}")
-    out = []
-    for path in files:
+    return files
+
+
+def _episodes(handle: h5py.File, path: Path) -> h5py.Group:
+    if "episodes" not in handle:
+        raise ValueError(f"{path} has no 'episodes' group; it is not a replay file (data.replay)")
+    return handle["episodes"]
+
+
+def replay_real_steps(paths: Sequence[str | Path]) -> int:
+    """The real steps the files' episodes took (their lengths summed): what gathering them cost the simulator,
+    reset wait steps aside, as GRPO's `real_steps` counts."""
+    total = 0
+    for path in replay_files(paths):
         with open_hdf5(path, "replay file") as handle:
-            if "episodes" not in handle:
-                raise ValueError(f"{path} has no 'episodes' group; it is not a replay file (data.replay)")
-            for name in sorted(handle["episodes"], key=int):
-                item = handle["episodes"][name]
+            total += sum(int(item.attrs["length"]) for item in _episodes(handle, path).values())
+    return total
+
+
+def read_replay(paths: Sequence[str | Path]) -> list[Trajectory]:
+    """Every episode of the files (directories: their *.hdf5), as trajectories carrying the probe's fields."""
+    out = []
+    for path in replay_files(paths):
+        with open_hdf5(path, "replay file") as handle:
+            episodes = _episodes(handle, path)
+            for name in sorted(episodes, key=int):
+                item = episodes[name]
                 missing = [k for k in ARRAYS if k not in item] + [
                     k for k in ("task_id", "instruction", "success", "length") if k not in item.attrs]
                 if missing:
