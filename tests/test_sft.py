@@ -141,8 +141,11 @@ def test_two_process_ddp_and_fsdp_match_one_process_with_the_same_global_batch(d
     assert logs["one"][-1]["loss"] < logs["one"][0]["loss"]  # it trained
     for name in ("ddp", "fsdp", "mixed"):
         assert final[name].keys() == final["one"].keys()
+        # four Adam steps at lr 3e-3 move a weight by up to ~1e-2; the all-reduce's summation order changes
+        # gradients in their last bits, which Adam's normalisation can lift to ~2e-5 on an element whose
+        # gradient is near zero (2026-12-06's machine: one element of 452k, DDP and FSDP alike)
         for key, tensor in final["one"].items():
-            torch.testing.assert_close(final[name][key], tensor, atol=2e-5, rtol=1e-4, msg=f"{name}: {key}")
+            torch.testing.assert_close(final[name][key], tensor, atol=1e-4, rtol=1e-4, msg=f"{name}: {key}")
         assert [r["step"] for r in logs[name]] == [1, 2, 3, 4]
         # rank 0 logs the mean over processes: the global batch's loss; validation runs on rank 0
         for key in ("loss", "grad_norm", "val_loss"):
