@@ -273,3 +273,31 @@ def test_the_cap_400_finals_played_three_times_as_often_are_the_committed_report
     per_seed = ", ".join(f"{100 * s['difference']:+.1f}".replace("-", "−") for s in zero["vs_first_arm"]["per_seed"])
     assert per_seed in readme, per_seed
 
+
+
+def test_the_first_run_replication_is_the_committed_ablation():
+    """README's and docs/wmrl_grpo.md's figures of the gate that learns from its run's collection alone, from
+    docs/ablation_rl_cpu_t28_cap400_fresh.json: rows, the ratio to reach sparse's final, that ratio with the
+    collection charged to the gated arm, and the fixed-cost comparison."""
+    report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
+    arms = {arm["arm"]: arm for arm in report["arms"]}
+    readme = (ROOT / "README.md").read_text().split("**A first gated run on a task")[1].split("Evidence:")[0]
+    docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### A first gated run on a task")[1].split(
+        "The corrections are usable")[0]
+    assert sorted(arms) == ["gated400_collect", "sparse400"] and f"{100 * report['sft']['success_rate']:.1f}%" in readme
+    sparse, gated = arms["sparse400"], arms["gated400_collect"]
+    _assert_gated_row(readme, "| sparse GRPO |", sparse, sparse["real_steps_per_grpo_step"])
+    _assert_gated_row(readme, "| gated, probe, cut rollouts rewarded 0", gated, sparse["real_steps_per_grpo_step"])
+    (row,) = [line for line in readme.splitlines() if line.startswith("| gated, probe, cut rollouts rewarded 0")]
+    assert f"| {_difference(gated['vs_first_arm'])} |" in row
+    collection = set(gated["replay_real_steps"])
+    assert len(collection) == 1 and f"{collection.pop():,} real steps" in " ".join(readme.split())
+    for ratio, interval in ((gated["real_step_ratio"], gated["real_step_ratio_interval"]),
+                            (gated["charged_ratio"]["real_step_ratio"], gated["charged_ratio"]["interval"])):
+        claim = f"{ratio:.2f}×" + ("" if interval is None or interval["ci95"] is None else  # one seed: no interval
+                                   f" [{interval['ci95'][0]:.2f}, {interval['ci95'][1]:.2f}]")
+        for text in (readme, docs):
+            assert claim in text, claim
+    budget = gated["at_budget"]
+    flat = " ".join(readme.split())
+    assert f"{100 * budget['held_out']['mean']:.1f}% (" in flat and _difference(budget["vs_first_arm"]) in flat
