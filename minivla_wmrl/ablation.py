@@ -43,7 +43,6 @@ from typing import Annotated
 
 import numpy as np
 
-from minivla_wmrl.data.replay import replay_real_steps
 from minivla_wmrl.evaluation.compare import by_state, check_comparable, load_evaluation
 from minivla_wmrl.evaluation.evaluate import SettingsChanged, evaluate
 from minivla_wmrl.evaluation.plots import plot_ablation
@@ -74,6 +73,7 @@ from minivla_wmrl.pipeline import (
     PipelineRecipe,
     connected_keys_set,
     dry_run,
+    gate_replay_real_steps,
     grpo_variant,
 )
 from minivla_wmrl.train.grpo import GRPORecipe, train_grpo, validate
@@ -423,15 +423,6 @@ def _read_cell(directory: Path, protocol: Protocol | None) -> dict:
         evaluation["settings"], results = load_evaluation(eval_dir)
         evaluation["episodes"] = _episode_rows(results)
     return cell
-
-
-def gate_replay_real_steps(directory: Path) -> int:
-    """Real steps of the episodes a gated cell's gate started from (`gate.replay`: the wm stage's collection,
-    earlier runs), which the cell's own count leaves out; 0 for other executions."""
-    recipe = read_json(directory / "recipe.json", "the cell's GRPO recipe")
-    if recipe["grpo"]["execution"] != "gated" or not recipe["gate"]["replay"]:
-        return 0
-    return replay_real_steps(recipe["gate"]["replay"])
 
 
 def _episode_rows(results: dict) -> list[list]:

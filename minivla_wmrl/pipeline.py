@@ -23,6 +23,7 @@ from envs.factory import GYM
 from envs.gym_env import register_known_packages
 from envs.libero_env import get_suite, resolve_task
 from minivla_wmrl.data.gym_demos import generate_gym_demos
+from minivla_wmrl.data.replay import replay_real_steps
 from minivla_wmrl.evaluation.compare import compare, comparison_table
 from minivla_wmrl.evaluation.evaluate import EvalConfig, EvalProtocol, evaluate, format_rate
 from minivla_wmrl.evaluation.plots import plot_calibration, plot_gate, plot_training_curves
@@ -35,7 +36,7 @@ from minivla_wmrl.infra.config import (
     load_recipe,
 )
 from minivla_wmrl.infra.outputs import create_output_dir, replaced_directory
-from minivla_wmrl.infra.run_checkpoint import RUN_FILES, selected_checkpoint
+from minivla_wmrl.infra.run_checkpoint import RUN_FILES, read_json, selected_checkpoint
 from minivla_wmrl.policy.action_tokenizer import ActionTokenizer, ActionTokenizerConfig
 from minivla_wmrl.policy.config import preset
 from minivla_wmrl.policy.info import parameter_counts
@@ -357,16 +358,30 @@ def success_table(infos: dict[str, dict]) -> str:
 
 def real_cost_table(runs: dict[str, Path]) -> str:
     """What each GRPO run executed in the real simulator (reset wait steps included), from its metrics:
-    training rollouts, those the gate or horizon cut, and the guard's validation episodes apart."""
+    training rollouts, those the gate or horizon cut, and the guard's validation episodes apart; and
+    the episodes a gated run's gate started from (the wm stage's collection: a first run on a task pays
+    them), with the ratio they leave when charged to it."""
     lines = ["| GRPO run | simulator steps (training rollouts) | × fewer than the first | episodes | cut | "
-             "validation steps |", "|---|---|---|---|---|---|"]
+             "validation steps | the gate's replay (episode steps) | × fewer, replay charged |",
+             "|---|---|---|---|---|---|---|---|"]
     first = None
     for name, directory in runs.items():
         last = json.loads((Path(directory) / "metrics.jsonl").read_text().splitlines()[-1])
         first = first or last["sim_steps"]
+        replay = gate_replay_real_steps(Path(directory))
         lines.append(f"| {name} | {last['sim_steps']} | {first / last['sim_steps']:.2f}× | {last['real_episodes']} | "
-                     f"{last['truncated_episodes']} | {last['validation_real_steps']} |")
+                     f"{last['truncated_episodes']} | {last['validation_real_steps']} | {replay} | "
+                     f"{first / (last['sim_steps'] + replay):.2f}× |")
     return "\n".join(lines) + "\n"
+
+
+def gate_replay_real_steps(directory: Path) -> int:
+    """Real steps of the episodes a gated GRPO run's gate started from (`gate.replay`: the wm stage's
+    collection, earlier runs), which the run's own count leaves out; 0 for other executions."""
+    recipe = read_json(Path(directory) / "recipe.json", "the GRPO run's recipe")
+    if recipe["grpo"]["execution"] != "gated" or not recipe["gate"]["replay"]:
+        return 0
+    return replay_real_steps(recipe["gate"]["replay"])
 
 
 def dry_run(recipe: PipelineRecipe) -> dict:

@@ -389,7 +389,7 @@ def test_reports_of_one_ablation_from_several_sessions_merge_into_one(tmp_path, 
 def test_a_gated_cell_is_charged_the_real_steps_of_the_episodes_its_gate_started_from(tmp_path):
     import h5py
 
-    from minivla_wmrl.ablation import gate_replay_real_steps
+    from minivla_wmrl.pipeline import gate_replay_real_steps
     from minivla_wmrl.data.replay import write_replay
     from tests.test_outcome_probe import rollouts
 

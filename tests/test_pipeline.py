@@ -92,6 +92,13 @@ def test_gym_recipe_runs_end_to_end(tmp_path, capsys):
     assert json.loads((out / "wmrl" / "recipe.json").read_text())["grpo"]["execution"] == "gated"
     assert (f"| wmrl | {wmrl[-1]['sim_steps']} |" in printed and "| grpo |" in printed
             and "× fewer than the first" in printed)
+    # the gate started from the wm stage's collection: its episodes' steps, and the ratio charged with them
+    from minivla_wmrl.data.replay import replay_real_steps
+
+    collected = replay_real_steps([out / "wm" / "replay"])
+    grpo_steps = json.loads((out / "grpo" / "metrics.jsonl").read_text().splitlines()[-1])["sim_steps"]
+    (row,) = [line for line in printed.splitlines() if line.startswith("| wmrl | ")]
+    assert collected > 0 and row.endswith(f"| {collected} | {grpo_steps / (wmrl[-1]['sim_steps'] + collected):.2f}× |")
     gate = json.loads((out / "plots" / "wmrl_gate.png.json").read_text())
     assert gate["anchors"] == wmrl[-1]["gate_anchors"] and gate["active"] == bool(wmrl[-1]["gate_active"])
     report = json.loads((out / "demos" / "demos_report.json").read_text())
