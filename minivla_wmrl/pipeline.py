@@ -377,9 +377,10 @@ def real_cost_table(runs: dict[str, Path]) -> str:
 
 def gate_replay_real_steps(directory: Path) -> int:
     """Real steps of the episodes a gated GRPO run's gate started from (`gate.replay`: the wm stage's
-    collection, earlier runs), which the run's own count leaves out; 0 for other executions."""
+    collection, earlier runs), which the run's own count leaves out; 0 for other executions (and runs
+    recorded before the gate existed). Read when asked: a replay directory that grew since counts whole."""
     recipe = read_json(Path(directory) / "recipe.json", "the GRPO run's recipe")
-    if recipe["grpo"]["execution"] != "gated" or not recipe["gate"]["replay"]:
+    if recipe.get("grpo", {}).get("execution") != "gated" or not recipe.get("gate", {}).get("replay"):
         return 0
     return replay_real_steps(recipe["gate"]["replay"])
 

@@ -401,6 +401,8 @@ def test_a_gated_cell_is_charged_the_real_steps_of_the_episodes_its_gate_started
                                        ("gated", [], 0), ("full", [str(tmp_path / "wm" / "replay")], 0)]:
         (cell / "recipe.json").write_text(json.dumps({"grpo": {"execution": execution}, "gate": {"replay": replay}}))
         assert gate_replay_real_steps(cell) == charged
+    (cell / "recipe.json").write_text(json.dumps({"grpo": {"execution": "full"}}))  # recorded before the gate existed
+    assert gate_replay_real_steps(cell) == 0
     h5py.File(tmp_path / "other.hdf5", "w").close()
     (cell / "recipe.json").write_text(json.dumps({"grpo": {"execution": "gated"},
                                                   "gate": {"replay": [str(tmp_path / "other.hdf5")]}}))
