@@ -44,7 +44,7 @@ def write_replay(path: Path, trajectories: Sequence[Trajectory], source: str) ->
     return len(kept)
 
 
-def replay_files(paths: Sequence[str | Path]) -> list[Path]:
+def _replay_files(paths: Sequence[str | Path]) -> list[Path]:
     """The replay files named by `paths` (directories: their *.hdf5)."""
     files = [f for p in map(Path, paths) for f in (sorted(p.glob("*.hdf5")) if p.is_dir() else [p])]
     if not files:
@@ -62,7 +62,7 @@ def replay_real_steps(paths: Sequence[str | Path]) -> int:
     """The real steps the files' episodes took (their lengths summed): what gathering them cost the simulator,
     reset wait steps aside, as GRPO's `real_steps` counts."""
     total = 0
-    for path in replay_files(paths):
+    for path in _replay_files(paths):
         with open_hdf5(path, "replay file") as handle:
             total += sum(int(item.attrs["length"]) for item in _episodes(handle, path).values())
     return total
@@ -71,7 +71,7 @@ def replay_real_steps(paths: Sequence[str | Path]) -> int:
 def read_replay(paths: Sequence[str | Path]) -> list[Trajectory]:
     """Every episode of the files (directories: their *.hdf5), as trajectories carrying the probe's fields."""
     out = []
-    for path in replay_files(paths):
+    for path in _replay_files(paths):
         with open_hdf5(path, "replay file") as handle:
             episodes = _episodes(handle, path)
             for name in sorted(episodes, key=int):
