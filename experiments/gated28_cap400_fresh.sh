@@ -10,8 +10,10 @@
 #   gated400_collect: gated400_zero_long's settings (probe on policy signals + proprioception, warm start,
 #     min_steps 24, patience 1, wrong-cut rate 0.2, cut rollouts rewarded 0, 28 GRPO steps), the gate's replay
 #     the wm collection alone (the pipeline's default)
+#   time400_collect: gated400_collect with time alone as the predictor (P(success | still running), fit on the
+#     same episodes): does the probe's information matter? Seeds $TIME_SEEDS (default none)
 #   shuffled400: sparse400 with rewards deranged within groups, the control that must not help; seeds
-#     $SHUFFLED_SEEDS (default none)
+#     $SHUFFLED_SEEDS (default none; needs TIME_SEEDS, so that each arm keeps its place and GRPO seeds)
 # Seeds 0..N-1 (N: SEEDS, default 10) run a seed of each arm at a time (both at once: --parallel 2), so a stop
 # leaves the arms with equal seeds; held out as the recipe's (states 25-49 x 2 samples, cap 120) every 5 steps.
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
@@ -23,11 +25,19 @@ R=runs/rl_cpu_t28_fresh
 CAP="grpo.max_real_steps=400, grpo.queries_per_rollout=50, grpo.save_every=5"
 GATE="grpo.execution=gated, grpo.anchor_fraction=0.25, gate.min_steps=24, gate.patience=1, gate.wrong_cut_rate=0.2, \
 gate.warm_start=true, gate.predictor=proprio, gate.cut_reward=failure"
+TIME_SEEDS=${TIME_SEEDS:-}
 SHUFFLED_SEEDS=${SHUFFLED_SEEDS:-}
+if [ -n "$SHUFFLED_SEEDS" ] && [ -z "$TIME_SEEDS" ]; then
+  echo "SHUFFLED_SEEDS needs TIME_SEEDS: the arms' order sets their GRPO seeds" >&2
+  exit 2
+fi
 for n in $(seq 1 "${SEEDS:-10}"); do
   S="[$(seq -s ', ' 0 $((n - 1)))]"
   ARMS="{name: sparse400, seeds: $S, overrides: [$CAP]}, \
 {name: gated400_collect, seeds: $S, overrides: [$CAP, $GATE, grpo.steps=28]}"
+  if [ -n "$TIME_SEEDS" ]; then
+    ARMS="$ARMS, {name: time400_collect, seeds: $TIME_SEEDS, overrides: [$CAP, $GATE, gate.predictor=time, grpo.steps=28]}"
+  fi
   if [ -n "$SHUFFLED_SEEDS" ]; then
     ARMS="$ARMS, {name: shuffled400, seeds: $SHUFFLED_SEEDS, overrides: [$CAP, grpo.shuffle_rewards=true]}"
   fi

@@ -183,7 +183,8 @@ def test_readme_prefix_auroc_rows_are_the_committed_probe_reports():
     for name, sizes, steps_shown, label in (
             ("probe_report_task28_proprio.json", (1128, 224), (32, 48, 64), "| shuffled control's 5 seeds"),
             ("probe_report_task28_cap400.json", (232, 224), (32, 48, 64, 96), "| collection + sparse400 seed 0 "),
-            ("probe_report_task28_cap400_seeds.json", (904, 224), (32, 48, 64, 96), "| collection + sparse400 seeds")):
+            ("probe_report_task28_cap400_seeds.json", (904, 224), (32, 48, 64, 96), "| collection + sparse400 seeds"),
+            ("probe_report_task28_cap400_fresh.json", (48, 448), (32, 48, 64, 96), "| collection alone (48)")):
         report = json.loads((ROOT / "docs" / name).read_text())
         rows = {r["steps"]: r for r in report["rows"]}
         assert (report["train"], report["test"]) == sizes, name
@@ -301,3 +302,29 @@ def test_the_first_run_replication_is_the_committed_ablation():
     budget = gated["at_budget"]
     flat = " ".join(readme.split())
     assert f"{100 * budget['held_out']['mean']:.1f}% (" in flat and _difference(budget["vs_first_arm"]) in flat
+
+
+def test_the_first_run_replications_offline_gate_is_the_committed_replay():
+    """README's and docs/wmrl_grpo.md's offline comparison of the predictors behind the first-run replication's
+    gate (time alone, the probe with and without proprioception, the oracle), from
+    docs/gate_report_task28_cap400_fresh_seed{0,1}.json."""
+    import json
+
+    readme = (ROOT / "README.md").read_text().split("**A first gated run on a task")[1].split("Evidence:")[0]
+    docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### A first gated run on a task")[1].split(
+        "The corrections are usable")[0]
+    totals = {}
+    for seed in (0, 1):
+        replay = json.loads((ROOT / "docs" / f"gate_report_task28_cap400_fresh_seed{seed}.json").read_text())
+        assert replay["run"].endswith(f"sparse400/seed{seed}/replay") and replay["extra"] == 48
+        for report in replay["reports"]:
+            totals.setdefault(report["gate"]["predictor"], []).append(report["total"])
+    flat, docs_flat = " ".join(readme.split()), " ".join(docs.split())
+    for predictor in ("time", "proprio", "policy", "oracle"):
+        assert f"{totals[predictor][0]['saving']:.2f}× and {totals[predictor][1]['saving']:.2f}×" in flat, predictor
+    for predictor in ("time", "proprio"):
+        shares = " and ".join(f"{100 * t['successes_cut_share']:.0f}%" for t in totals[predictor])
+        assert f"{shares} of successes" in flat, (predictor, shares)
+    assert all(t["failures_cut_share"] == 1.0 for t in totals["time"]) and "every failure cut" in flat
+    assert (f"{totals['time'][0]['saving']:.2f}× and {totals['time'][1]['saving']:.2f}× against "
+            f"{totals['proprio'][0]['saving']:.2f}× and {totals['proprio'][1]['saving']:.2f}×") in docs_flat
