@@ -285,10 +285,19 @@ def test_the_first_run_replication_is_the_committed_ablation():
     readme = (ROOT / "README.md").read_text().split("**A first gated run on a task")[1].split("Evidence:")[0]
     docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### A first gated run on a task")[1].split(
         "The corrections are usable")[0]
-    assert sorted(arms) == ["gated400_collect", "sparse400"] and f"{100 * report['sft']['success_rate']:.1f}%" in readme
+    assert sorted(arms) == ["gated400_collect", "sparse400", "time400_collect"][:len(arms)]  # time alone: optional
+    assert f"{100 * report['sft']['success_rate']:.1f}%" in readme
     sparse, gated = arms["sparse400"], arms["gated400_collect"]
     _assert_gated_row(readme, "| sparse GRPO |", sparse, sparse["real_steps_per_grpo_step"])
     _assert_gated_row(readme, "| gated, probe, cut rollouts rewarded 0", gated, sparse["real_steps_per_grpo_step"])
+    if "time400_collect" in arms:
+        time_alone = arms["time400_collect"]
+        _assert_gated_row(readme, "| gated as above, time alone", time_alone, sparse["real_steps_per_grpo_step"])
+        (row,) = [line for line in readme.splitlines() if line.startswith("| gated as above, time alone")]
+        assert f"| {_difference(time_alone['vs_first_arm'])} |" in row
+        paired = ", ".join(f"{100 * (a - b):+.0f}".replace("-", "−") for a, b in
+                           zip(gated["held_out_per_seed"], time_alone["held_out_per_seed"]))
+        assert f"the probe's arm against it: {paired} points" in " ".join(readme.split())
     (row,) = [line for line in readme.splitlines() if line.startswith("| gated, probe, cut rollouts rewarded 0")]
     assert f"| {_difference(gated['vs_first_arm'])} |" in row
     collection = set(gated["replay_real_steps"])
