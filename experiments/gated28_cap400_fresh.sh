@@ -11,11 +11,13 @@
 #     min_steps 24, patience 1, wrong-cut rate 0.2, cut rollouts rewarded 0, 28 GRPO steps), the gate's replay
 #     the wm collection alone (the pipeline's default)
 #   time400_collect: gated400_collect with time alone as the predictor (P(success | still running), fit on the
-#     same episodes): does the probe's information matter? Seeds $TIME_SEEDS (default none)
+#     same episodes): does the probe's information matter? Seeds $TIME_SEEDS, a list (e.g. "[0, 1]"; default
+#     none), all run in the first pass
 #   shuffled400: sparse400 with rewards deranged within groups, the control that must not help; seeds
-#     $SHUFFLED_SEEDS (default none; needs TIME_SEEDS, so that each arm keeps its place and GRPO seeds)
-# Seeds 0..N-1 (N: SEEDS, default 10) run a seed of each arm at a time (both at once: --parallel 2), so a stop
-# leaves the arms with equal seeds; held out as the recipe's (states 25-49 x 2 samples, cap 120) every 5 steps.
+#     $SHUFFLED_SEEDS (a list as TIME_SEEDS; needs TIME_SEEDS, so that each arm keeps its place and GRPO seeds)
+# Seeds 0..N-1 (N: SEEDS, default 10) of sparse400 and gated400_collect run a seed of each at a time (both at
+# once: --parallel 2), so a stop leaves those two arms with equal seeds; held out as the recipe's (states 25-49
+# x 2 samples, cap 120) every 5 steps.
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
 set -e
 cd "$(dirname "$0")/.."

@@ -290,14 +290,21 @@ def test_the_first_run_replication_is_the_committed_ablation():
     sparse, gated = arms["sparse400"], arms["gated400_collect"]
     _assert_gated_row(readme, "| sparse GRPO |", sparse, sparse["real_steps_per_grpo_step"])
     _assert_gated_row(readme, "| gated, probe, cut rollouts rewarded 0", gated, sparse["real_steps_per_grpo_step"])
+    assert ("| gated as above, time alone" in readme) == ("time400_collect" in arms)
     if "time400_collect" in arms:
         time_alone = arms["time400_collect"]
+        assert time_alone["seeds"] == gated["seeds"][:len(time_alone["seeds"])]  # paired below seed for seed
         _assert_gated_row(readme, "| gated as above, time alone", time_alone, sparse["real_steps_per_grpo_step"])
         (row,) = [line for line in readme.splitlines() if line.startswith("| gated as above, time alone")]
         assert f"| {_difference(time_alone['vs_first_arm'])} |" in row
         paired = ", ".join(f"{100 * (a - b):+.0f}".replace("-", "−") for a, b in
                            zip(gated["held_out_per_seed"], time_alone["held_out_per_seed"]))
-        assert f"the probe's arm against it: {paired} points" in " ".join(readme.split())
+        flat = " ".join(readme.split())
+        assert f"the probe's arm against it: {paired} points" in flat
+        charged = time_alone["charged_ratio"]
+        for ratio, interval in ((time_alone["real_step_ratio"], time_alone["real_step_ratio_interval"]),
+                                (charged["real_step_ratio"], charged["interval"])):
+            assert f"{ratio:.2f}× [{interval['ci95'][0]:.2f}, {interval['ci95'][1]:.2f}]" in flat
     (row,) = [line for line in readme.splitlines() if line.startswith("| gated, probe, cut rollouts rewarded 0")]
     assert f"| {_difference(gated['vs_first_arm'])} |" in row
     collection = set(gated["replay_real_steps"])
@@ -334,6 +341,8 @@ def test_the_first_run_replications_offline_gate_is_the_committed_replay():
     for predictor in ("time", "proprio"):
         shares = " and ".join(f"{100 * t['successes_cut_share']:.0f}%" for t in totals[predictor])
         assert f"{shares} of successes" in flat, (predictor, shares)
-    assert all(t["failures_cut_share"] == 1.0 for t in totals["time"]) and "every failure cut" in flat
+    assert all(t["failures_cut_share"] == 1.0 for t in totals["time"])
+    assert "every failure outside the anchors cut" in flat
+    assert " and ".join(f"{100 * t['failures_cut_share']:.0f}%" for t in totals["proprio"]) + " of failures" in flat
     assert (f"{totals['time'][0]['saving']:.2f}× and {totals['time'][1]['saving']:.2f}× against "
             f"{totals['proprio'][0]['saving']:.2f}× and {totals['proprio'][1]['saving']:.2f}×") in docs_flat
