@@ -276,15 +276,21 @@ def test_the_cap_400_finals_played_three_times_as_often_are_the_committed_report
 
 
 
+def _first_run_sections() -> tuple[str, str]:
+    """The first-run replication's README paragraph and docs/wmrl_grpo.md subsection."""
+    readme = (ROOT / "README.md").read_text().split("**A first gated run on a task")[1].split("Evidence:")[0]
+    docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### A first gated run on a task")[1].split(
+        "The corrections are usable")[0]
+    return readme, docs
+
+
 def test_the_first_run_replication_is_the_committed_ablation():
     """README's and docs/wmrl_grpo.md's figures of the gate that learns from its run's collection alone, from
     docs/ablation_rl_cpu_t28_cap400_fresh.json: rows, the ratio to reach sparse's final, that ratio with the
     collection charged to the gated arm, and the fixed-cost comparison."""
     report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
     arms = {arm["arm"]: arm for arm in report["arms"]}
-    readme = (ROOT / "README.md").read_text().split("**A first gated run on a task")[1].split("Evidence:")[0]
-    docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### A first gated run on a task")[1].split(
-        "The corrections are usable")[0]
+    readme, docs = _first_run_sections()
     assert sorted(arms) == ["gated400_collect", "sparse400", "time400_collect"][:len(arms)]  # time alone: optional
     assert f"{100 * report['sft']['success_rate']:.1f}%" in readme
     sparse, gated = arms["sparse400"], arms["gated400_collect"]
@@ -326,9 +332,7 @@ def test_the_first_run_replications_offline_gate_is_the_committed_replay():
     docs/gate_report_task28_cap400_fresh_seed{0,1}.json."""
     import json
 
-    readme = (ROOT / "README.md").read_text().split("**A first gated run on a task")[1].split("Evidence:")[0]
-    docs = (ROOT / "docs" / "wmrl_grpo.md").read_text().split("### A first gated run on a task")[1].split(
-        "The corrections are usable")[0]
+    readme, docs = _first_run_sections()
     totals = {}
     for seed in (0, 1):
         replay = json.loads((ROOT / "docs" / f"gate_report_task28_cap400_fresh_seed{seed}.json").read_text())
