@@ -17,7 +17,8 @@
 #     $SHUFFLED_SEEDS (a list as TIME_SEEDS; needs TIME_SEEDS, so that each arm keeps its place and GRPO seeds)
 # Seeds 0..N-1 (N: SEEDS, default 10) of sparse400 and gated400_collect run a seed of each at a time (both at
 # once: --parallel 2), so a stop leaves those two arms with equal seeds; held out as the recipe's (states 25-49
-# x 2 samples, cap 120) every 5 steps.
+# x 2 samples, cap 120) every 5 steps. FIRST (default 1) starts the passes at seeds 0..FIRST-1, e.g. FIRST=5 to run
+# seed 4 of every arm in one pass, the time arm's cells after the pair.
 # Cells resume one by one: re-run to go on. Further arguments go to `ablate` (e.g. --dry-run).
 set -e
 cd "$(dirname "$0")/.."
@@ -33,7 +34,7 @@ if [ -n "$SHUFFLED_SEEDS" ] && [ -z "$TIME_SEEDS" ]; then
   echo "SHUFFLED_SEEDS needs TIME_SEEDS: the arms' order sets their GRPO seeds" >&2
   exit 2
 fi
-for n in $(seq 1 "${SEEDS:-10}"); do
+for n in $(seq "${FIRST:-1}" "${SEEDS:-10}"); do
   S="[$(seq -s ', ' 0 $((n - 1)))]"
   ARMS="{name: sparse400, seeds: $S, overrides: [$CAP]}, \
 {name: gated400_collect, seeds: $S, overrides: [$CAP, $GATE, grpo.steps=28]}"

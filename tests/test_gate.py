@@ -5,7 +5,7 @@ import pytest
 
 from minivla_wmrl.evaluation.statistics import auroc
 from minivla_wmrl.train.gate import (Gate, GateConfig, OutcomePredictor, cross_fit_statistics, cut_statistic,
-                                     decision_steps)
+                                     beyond_time, decision_steps)
 from minivla_wmrl.train.grpo import GRPOTrainer, train_grpo, validate
 from tests.test_learning import EPISODE_STEPS, learning_recipe, start  # noqa: F401  (start: the fixture)
 from tests.test_outcome_probe import CAP, rollouts
@@ -31,14 +31,14 @@ def test_the_threshold_cuts_at_most_the_target_share_of_recent_successes():
     outcomes = rng.random(400) < 0.4
     statistics = np.where(outcomes, rng.uniform(0.2, 1.0, 400), rng.uniform(0.0, 0.5, 400))
     gate = Gate(GateConfig(wrong_cut_rate=0.1, window=400, auroc_floor=0.7))
-    gate.observe(statistics, outcomes)
+    gate.observe(statistics, outcomes, np.full(400, np.nan))
     assert gate.active and gate.quality > 0.85
     cut = statistics < gate.threshold
     assert (cut & outcomes).sum() <= 0.1 * outcomes.sum() < (cut & outcomes).sum() + 1
     assert (cut & ~outcomes).mean() / (~outcomes).mean() > 0.3  # and it cuts failures
 
     gate = Gate(GateConfig(wrong_cut_rate=0.1, window=400, auroc_floor=0.7))
-    gate.observe(rng.uniform(0, 1, 400), outcomes)  # a predictor at chance
+    gate.observe(rng.uniform(0, 1, 400), outcomes, np.full(400, np.nan))  # a predictor at chance
     assert not gate.active and "below the floor" in gate.reason
 
 
@@ -46,26 +46,31 @@ def test_the_gate_stops_cutting_when_its_predictor_degrades_and_restores_from_it
     rng = np.random.default_rng(1)
     config = GateConfig(window=40, min_per_outcome=4, auroc_floor=0.7)
     gate = Gate(config)
-    gate.observe(rng.uniform(0, 1, 6), np.zeros(6, bool))
+    gate.observe(rng.uniform(0, 1, 6), np.zeros(6, bool), rng.uniform(0, 1, 6))
     assert not gate.active and "0 successes" in gate.reason
     outcomes = np.arange(40) % 2 == 0
-    gate.observe(np.where(outcomes, 0.8, 0.1) + rng.uniform(0, 0.05, 40), outcomes)
+    gate.observe(np.where(outcomes, 0.8, 0.1) + rng.uniform(0, 0.05, 40), outcomes, np.where(outcomes, 0.6, 0.4))
     assert gate.active and gate.quality == 1.0
     copy = Gate(config)
     copy.load_state_dict(gate.state_dict())
-    assert (copy.active, copy.threshold, copy.quality) == (gate.active, gate.threshold, gate.quality)
-    gate.observe(np.where(outcomes, 0.1, 0.8), outcomes)  # the last 40 anchors: now ranked backwards
+    assert ((copy.active, copy.threshold, copy.quality, copy.beyond_time_auroc)
+            == (gate.active, gate.threshold, gate.quality, gate.beyond_time_auroc) == (True, gate.threshold, 1.0, 1.0))
+    older = Gate(config)  # a checkpoint from before the log-odds beyond time were kept: the gate is as it was
+    older.load_state_dict({k: v for k, v in gate.state_dict().items() if k != "beyond_time"})
+    assert (older.active, older.threshold, older.quality) == (gate.active, gate.threshold, gate.quality)
+    assert np.isnan(older.beyond_time_auroc)
+    gate.observe(np.where(outcomes, 0.1, 0.8), outcomes, np.full(40, 0.5))  # the last 40 anchors: ranked backwards
     assert not gate.active and gate.quality == 0.0
 
 
 def test_warm_start_statistics_are_cross_fitted_and_fill_one_window():
     episodes = rollouts(0, 60)  # successes planted in the policy's signals
     config = GateConfig(predictor="policy", min_steps=24, patience=1, window=40, min_per_outcome=4)
-    statistics, outcomes = cross_fit_statistics(episodes, config, CAP)
-    assert len(statistics) == len(outcomes) == 40 and 0 < outcomes.sum() < 40
+    statistics, outcomes, running = cross_fit_statistics(episodes, config, CAP)
+    assert len(statistics) == len(outcomes) == len(running) == 40 and 0 < outcomes.sum() < 40
     assert auroc(statistics, outcomes) > 0.9
     gate = Gate(config)
-    gate.observe(statistics, outcomes)
+    gate.observe(statistics, outcomes, running)
     assert gate.active  # before any anchor
     # each episode is scored by a predictor that never saw it: one fit on all of them would score them otherwise
     seen = OutcomePredictor("policy", CAP)
@@ -74,6 +79,30 @@ def test_warm_start_statistics_are_cross_fitted_and_fill_one_window():
     assert not set(np.round(statistics, 9)) <= set(np.round(by_seen, 9))
     few = cross_fit_statistics(episodes[:4], config, CAP)[0]  # folds too small to fit on: nothing to calibrate on
     assert len(few) == 0
+
+
+def test_the_log_odds_beyond_time_are_taken_where_the_gate_may_first_cut():
+    probabilities, steps = np.array([0.1, 0.2, 0.5, 0.4]), np.array([8, 16, 24, 30])  # the last: the end, step 30
+    time_alone = {16: 0.2, 24: 0.2}.get
+    assert beyond_time(probabilities, steps, 30, 16, time_alone) == pytest.approx(0.0)
+    assert beyond_time(probabilities, steps, 30, 20, time_alone) == pytest.approx(np.log(4))  # odds 1 against 1/4
+    assert np.isnan(beyond_time(probabilities, steps, 30, 25, time_alone))  # ended before a cut was due
+
+
+def test_time_alone_passes_the_quality_floor_but_knows_nothing_beyond_time():
+    """Successes end early, so ranking by the cut statistic rewards time alone as much as a probe
+    that reads the planted signal; among the anchors still running where cuts begin, only the probe
+    ranks them (time alone's excess over itself is 0 in every fold: AUROC 0.5)."""
+    episodes = rollouts(0, 80)
+    gates = {}
+    for predictor in ("time", "policy"):
+        config = GateConfig(predictor=predictor, min_steps=24, patience=1, window=80, min_per_outcome=4)
+        gates[predictor] = Gate(config)
+        gates[predictor].observe(*cross_fit_statistics(episodes, config, CAP))
+    assert gates["time"].active and gates["time"].quality > 0.9 and gates["policy"].quality > 0.9
+    assert gates["time"].beyond_time_auroc == 0.5
+    assert gates["policy"].beyond_time_auroc > 0.9
+    assert gates["policy"].log()["gate_auroc_beyond_time"] == gates["policy"].beyond_time_auroc
 
 
 def gated(start, out, **grpo):  # noqa: F811
@@ -175,8 +204,9 @@ def test_gated_grpo_resumes_exactly(start, tmp_path):  # noqa: F811
     whole = train_grpo(gated(start, tmp_path / "whole"), progress=False)["history"]
     train_grpo(gated(start, tmp_path / "cut", steps=2, save_every=1), progress=False)
     resumed = train_grpo(gated(start, tmp_path / "cut", save_every=1), progress=False)["history"]
-    keys = ("success_rate", "cut_rollouts", "gate_threshold", "gate_active", "real_steps", "loss")
-    assert [[r.get(k) for k in keys] for r in resumed] == [[r.get(k) for k in keys] for r in whole]
+    keys = ("success_rate", "cut_rollouts", "gate_threshold", "gate_active", "gate_auroc_beyond_time", "real_steps",
+            "loss")
+    np.testing.assert_equal([[r[k] for k in keys] for r in resumed], [[r[k] for k in keys] for r in whole])  # NaN == NaN
     assert sum(r["cut_rollouts"] for r in whole) > 0
 
 

@@ -14,6 +14,13 @@ anchors hold `min_per_outcome` successes and failures, and whenever the statisti
 the recent anchors still running at `min_steps` falls below `auroc_floor` (successes that all end
 before `min_steps` leave nothing to rank: then the threshold alone guards them).
 
+Length alone makes that AUROC high (failures run to the cap, so their statistics fall lowest), so it
+cannot tell an informative predictor from time alone. `beyond_time_auroc` can: at the first decision
+where the gate may cut, each anchor still running there is scored by the predictor's log-odds above
+those of time alone fit on the same episodes, and the AUROC is taken over the recent ones. Time
+alone scores 0.5 by construction (every excess is 0), and the subtraction keeps a base rate that
+moves between GRPO steps from passing for information. Logged (`gate_auroc_beyond_time`), not acted on.
+
 With `warm_start`, the window starts full of `replay`'s episodes, each scored by a predictor fit
 on the other folds, so the gate can cut from the first step instead of waiting for successful
 anchors.
@@ -75,6 +82,7 @@ class OutcomePredictor:
         self.kind, self.time_scale, self.seed = kind, time_scale, seed
         self.signals = "policy" if kind == "time" else kind  # what the probe reads (time: lengths only)
         self.model = None
+        self.time_alone = None  # P(success | still running at a step), fit on the same episodes
 
     def fit(self, episodes: list[Trajectory]) -> str | None:
         """Fit on `episodes`; returns why it cannot (None when fit)."""
@@ -83,7 +91,8 @@ class OutcomePredictor:
             self.model = None
             return f"{len(episodes)} real-labelled episodes ({successes} successes): too few to fit the predictor"
         probe_episodes = [probe_episode(t, self.signals) for t in episodes]
-        self.model = (time_only(probe_episodes) if self.kind == "time"
+        self.time_alone = time_only(probe_episodes)
+        self.model = (self.time_alone if self.kind == "time"
                       else fit_outcome_probe(probe_episodes, time_scale=self.time_scale, seed=self.seed))
         return None
 
@@ -107,24 +116,42 @@ def cut_statistic(probabilities: np.ndarray, steps: np.ndarray, min_steps: int, 
     return float(windows.max(axis=1).min())
 
 
+def beyond_time(probabilities: np.ndarray, steps: np.ndarray, length: int, min_steps: int, time_alone) -> float:
+    """At the first decision where the gate may cut (at or after `min_steps`), the prediction's log-odds
+    minus those of `time_alone` there; NaN when the episode ended before it."""
+    steps = np.asarray(steps)
+    due = np.flatnonzero((steps >= min_steps) & (steps < length))
+    if not len(due):
+        return float("nan")
+    p, base = np.clip([np.asarray(probabilities)[due[0]], time_alone(int(steps[due[0]]))], 1e-6, 1 - 1e-6)
+    return float(np.log(p / (1 - p)) - np.log(base / (1 - base)))
+
+
+def anchor_statistics(probabilities: np.ndarray, trajectory: Trajectory, config: GateConfig,
+                      predictor: OutcomePredictor) -> tuple[float, float]:
+    """What an anchor scored by `predictor` tells the gate: its cut statistic and its log-odds beyond time."""
+    steps = decision_steps(trajectory)
+    return (cut_statistic(probabilities, steps, config.min_steps, config.patience),
+            beyond_time(probabilities, steps, trajectory.length, config.min_steps, predictor.time_alone))
+
+
 def cross_fit_statistics(episodes: list[Trajectory], config: GateConfig, time_scale: float,
-                         seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                         seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`gate.warm_start`'s calibration data: the cut statistics of up to `window` of `episodes` (drawn at
-    random), each by a predictor fit on the folds it is not in, and their outcomes. Episodes whose
-    complement is too small to fit on are left out."""
+    random), each by a predictor fit on the folds it is not in, their outcomes and their log-odds beyond
+    time. Episodes whose complement is too small to fit on are left out."""
     rng = np.random.default_rng(seed)
     folds = rng.permutation(len(episodes)) % config.warm_start_folds
-    statistics = np.full(len(episodes), np.nan)
+    statistics, excess = np.full(len(episodes), np.nan), np.full(len(episodes), np.nan)
     for fold in range(config.warm_start_folds):
         held = np.flatnonzero(folds == fold)
         predictor = OutcomePredictor(config.predictor, time_scale, seed)
         if len(held) == 0 or predictor.fit([episodes[i] for i in np.flatnonzero(folds != fold)]) is not None:
             continue
         for i, probabilities in zip(held, predictor([episodes[i] for i in held])):
-            statistics[i] = cut_statistic(probabilities, decision_steps(episodes[i]), config.min_steps,
-                                          config.patience)
+            statistics[i], excess[i] = anchor_statistics(probabilities, episodes[i], config, predictor)
     drawn = [i for i in rng.permutation(len(episodes)) if not np.isnan(statistics[i])][:config.window]
-    return statistics[drawn], np.array([episodes[i].success for i in drawn], bool)
+    return statistics[drawn], np.array([episodes[i].success for i in drawn], bool), excess[drawn]
 
 
 class Gate:
@@ -134,17 +161,24 @@ class Gate:
         self.config = config
         self.statistics: list[float] = []  # recent anchors' cut statistics
         self.outcomes: list[bool] = []
+        self.beyond_time: list[float] = []  # their log-odds beyond time (NaN: ended before the gate could cut)
         self.threshold, self.quality, self.active, self.reason = 0.0, float("nan"), False, "no anchors yet"
+        self.beyond_time_auroc = float("nan")
 
-    def observe(self, statistics: np.ndarray, outcomes: np.ndarray) -> None:
+    def observe(self, statistics: np.ndarray, outcomes: np.ndarray, beyond_time: np.ndarray) -> None:
         """Add this step's anchors (scored by a predictor not fit on them) and recalibrate."""
         self.statistics = (self.statistics + [float(s) for s in statistics])[-self.config.window:]
         self.outcomes = (self.outcomes + [bool(y) for y in outcomes])[-self.config.window:]
+        self.beyond_time = (self.beyond_time + [float(x) for x in beyond_time])[-self.config.window:]
         self._calibrate()
 
     def _calibrate(self) -> None:
         c = self.config
         stats, y = np.array(self.statistics), np.array(self.outcomes, bool)
+        excess = np.array(self.beyond_time)
+        ran = np.isfinite(excess)
+        self.beyond_time_auroc = (auroc(excess[ran], y[ran])
+                                  if min(y[ran].sum(), (~y[ran]).sum()) >= c.min_per_outcome else float("nan"))
         if y.sum() < c.min_per_outcome or (~y).sum() < c.min_per_outcome:
             self.active, self.reason = False, (f"{int(y.sum())} successes and {int((~y).sum())} failures among the "
                                                f"recent anchors; cutting needs {c.min_per_outcome} of each")
@@ -169,11 +203,14 @@ class Gate:
 
     def log(self) -> dict:
         return {"gate_active": float(self.active), "gate_threshold": self.threshold, "gate_auroc": self.quality,
-                "gate_anchors": len(self.outcomes)}
+                "gate_auroc_beyond_time": self.beyond_time_auroc, "gate_anchors": len(self.outcomes)}
 
     def state_dict(self) -> dict:
-        return {"statistics": list(self.statistics), "outcomes": list(self.outcomes)}
+        return {"statistics": list(self.statistics), "outcomes": list(self.outcomes),
+                "beyond_time": list(self.beyond_time)}
 
     def load_state_dict(self, state: dict) -> None:
         self.statistics, self.outcomes = list(state["statistics"]), list(state["outcomes"])
+        # checkpoints written before it was kept resume with it unknown (a diagnostic only)
+        self.beyond_time = list(state.get("beyond_time", [float("nan")] * len(self.outcomes)))
         self._calibrate()

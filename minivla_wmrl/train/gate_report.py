@@ -31,7 +31,7 @@ from minivla_wmrl.infra.config import check_config
 from minivla_wmrl.infra.outputs import write_json_output
 from minivla_wmrl.rl.anchors import pick_anchors
 from minivla_wmrl.rl.rollout import Trajectory
-from minivla_wmrl.train.gate import (Gate, GateConfig, OutcomePredictor, cross_fit_statistics, cut_statistic,
+from minivla_wmrl.train.gate import (Gate, GateConfig, OutcomePredictor, anchor_statistics, cross_fit_statistics,
                                      decision_steps)
 
 
@@ -71,9 +71,9 @@ def replay_gate(steps: list[list[Trajectory]], config: GateConfig, extra: list[T
             ends[k] = first_cut(gate, probabilities[k], rollouts[k])
         rows.append(step_row(number, cutting, gate.threshold if cutting else None, rollouts, anchors, ends))
         if probabilities is not None:  # the anchors recalibrate the gate, as in GRPO's corrections
-            statistics = [cut_statistic(probabilities[k], decision_steps(rollouts[k]), config.min_steps,
-                                        config.patience) for k in np.flatnonzero(anchors)]
-            gate.observe(np.array(statistics), np.array([rollouts[k].success for k in np.flatnonzero(anchors)]))
+            statistics, excess = np.array([anchor_statistics(probabilities[k], rollouts[k], config, predictor)
+                                           for k in np.flatnonzero(anchors)]).reshape(-1, 2).T
+            gate.observe(statistics, np.array([rollouts[k].success for k in np.flatnonzero(anchors)]), excess)
         labelled += [t for t, end in zip(rollouts, ends) if end == t.length]  # what a gated run's replay would hold
     return {"gate": asdict(config), "anchor_fraction": anchor_fraction, "steps": rows, "total": total_of(rows)}
 

@@ -96,7 +96,7 @@ from minivla_wmrl.rl.env_setup import EnvSetup
 from minivla_wmrl.rl.init_states import VALIDATION_SEED_BASE, select_rl_init_states, vector_training_init_states
 from minivla_wmrl.rl.rollout import EpisodeSpec, RolloutConfig, RolloutEngine, Trajectory
 from minivla_wmrl.rl.weighter import InverseVarianceWeighter
-from minivla_wmrl.train.gate import (Gate, GateConfig, OutcomePredictor, cross_fit_statistics, cut_statistic,
+from minivla_wmrl.train.gate import (Gate, GateConfig, OutcomePredictor, anchor_statistics, cross_fit_statistics,
                                      decision_steps)
 from minivla_wmrl.train.validation import SALT_VALIDATION, ValidationConfig, ValidationTracker, validation_seed
 from minivla_wmrl.train.wm import WMTrainConfig, WorldModelTrainer
@@ -292,14 +292,15 @@ class RolloutSummary:
     early: bool  # ended (success or a terminal failure) within `horizon` steps, as a rollout cut there would
     predicted: float = float("nan")  # gated execution, a cut rollout: the gate's prediction at the cut
     statistic: float = float("nan")  # gated execution, an anchor: its cut statistic (`train.gate`)
+    beyond_time: float = float("nan")  # gated execution, an anchor: its log-odds beyond time (`train.gate`)
 
     @classmethod
     def of(cls, t: Trajectory, horizon: int, predicted: float = float("nan"),
-           statistic: float = float("nan")) -> "RolloutSummary":
+           statistic: float = float("nan"), beyond_time: float = float("nan")) -> "RolloutSummary":
         issued = t.query_steps[:len(t.executed)]  # a worker lost mid-step leaves a query without its steps
         within = int(t.executed[issued < horizon].sum())  # the steps a rollout cut at `horizon` runs
         return cls(t.success, t.failure is None, t.length, t.num_queries, t.instruction, t.truncated,
-                   not t.truncated and t.length <= within, predicted, statistic)
+                   not t.truncated and t.length <= within, predicted, statistic, beyond_time)
 
 
 class PlannedRollout(NamedTuple):
@@ -350,6 +351,7 @@ class StepBatch:
     early: np.ndarray | None = None  # truncated execution: ended within the horizon, its real outcome known (bool)
     predicted: np.ndarray | None = None  # gated execution: the gate's prediction for cut rollouts (NaN: not cut)
     statistics: np.ndarray | None = None  # gated execution: the anchors' cut statistics (NaN: not an anchor)
+    beyond_time: np.ndarray | None = None  # gated execution: the anchors' log-odds beyond time (NaN: not an anchor)
 
     def local(self) -> list[int]:
         return [k for k, t in enumerate(self.trajectories) if t is not None]
@@ -547,15 +549,14 @@ class GRPOTrainer:
 
     def _gate_summary(self, t: Trajectory, horizon: int, anchor: bool) -> RolloutSummary:
         """A rollout's summary with, under gated execution, a cut rollout's prediction at the cut and
-        an anchor's cut statistic (by the predictor before it learns from this step)."""
+        an anchor's cut statistic and log-odds beyond time (by the predictor before it learns from this step)."""
         if self.gate is None or self.predictor.model is None or t.failure is not None or not (t.truncated or anchor):
             return RolloutSummary.of(t, horizon)
         probabilities = self.predictor([t])[0]
         if t.truncated:
             return RolloutSummary.of(t, horizon, predicted=float(probabilities[-1]))
-        c = self.recipe.gate
-        return RolloutSummary.of(t, horizon, statistic=cut_statistic(probabilities, decision_steps(t), c.min_steps,
-                                                                     c.patience))
+        statistic, excess = anchor_statistics(probabilities, t, self.recipe.gate, self.predictor)
+        return RolloutSummary.of(t, horizon, statistic=statistic, beyond_time=excess)
 
     def rollouts(self) -> StepBatch:
         """This step's rollouts; under torchrun process r runs every world_size-th one and the
@@ -607,7 +608,8 @@ class GRPOTrainer:
                          early=(np.array([m.early for m in summaries], bool) & valid
                                 if grpo.execution == "truncated" else None),
                          predicted=np.array([m.predicted for m in summaries]) if gated else None,
-                         statistics=np.array([m.statistic for m in summaries]) if gated else None)
+                         statistics=np.array([m.statistic for m in summaries]) if gated else None,
+                         beyond_time=np.array([m.beyond_time for m in summaries]) if gated else None)
 
     def _count(self, todo: list[PlannedRollout], summaries: dict) -> None:
         """Real-simulator episodes and steps as the envs executed them, split into rollouts free to
@@ -679,7 +681,7 @@ class GRPOTrainer:
         log = {"calibrated": 0.0, "bias_reduction": float("nan")}
         if self.gate is not None:  # gated execution: the anchors recalibrate the gate's threshold and quality
             labelled = batch.anchors & ~np.isnan(batch.statistics)  # inf: ended before the gate could judge
-            self.gate.observe(batch.statistics[labelled], batch.outcomes[labelled])
+            self.gate.observe(batch.statistics[labelled], batch.outcomes[labelled], batch.beyond_time[labelled])
             log.update(self.gate.log(), predictor_fit=float(self.predictor.model is not None))
             said = ("cutting" if self.gate.active and self.predictor_unfit is None
                     else f"not cutting ({self.predictor_unfit or self.gate.reason})")
