@@ -798,6 +798,15 @@ def report_from_json(path: Path) -> dict:
     return summarize_ablation(evidence_from_json(path))
 
 
+def against(evidence: dict, arm: str) -> dict:
+    """The evidence with `arm` first: every other arm's differences, real-step ratio and budget are then
+    taken against it (e.g. the gate against a time-only gate, instead of against sparse)."""
+    names = [entry["arm"] for entry in evidence["arms"]]
+    if arm not in names:
+        raise ValueError(f"ablate --against {arm!r}: the report has no such arm; its arms are {names}")
+    return dict(evidence, arms=sorted(evidence["arms"], key=lambda entry: entry["arm"] != arm), first_arm=arm)
+
+
 # what a cell run twice must repeat exactly (its wall-clock times are free to differ)
 REPEATED = ("grpo_seed", "evaluations", "real_steps", "real_episodes", "grpo_steps", "train_success_last")
 
@@ -902,16 +911,17 @@ def main(args) -> None:
             raise ValueError("ablate --guarded pools the guarded rows of several --from-json reports; one report's "
                              "table shows its guarded rows already")
         if args.merge:
-            report = summarize_ablation(merge_evidence([(path, evidence_from_json(Path(path)))
-                                                        for path in args.from_json]))
+            evidence = merge_evidence([(path, evidence_from_json(Path(path))) for path in args.from_json])
         elif len(args.from_json) > 1:
-            if args.out:
-                raise ValueError("ablate --out writes one report; with several --from-json it prints the pooled table")
+            if args.out or args.against:
+                raise ValueError("ablate --out and --against go with one report; with several --from-json it prints "
+                                 "the pooled table")
             print(pooled_table([(path, report_from_json(Path(path))) for path in args.from_json], args.arm,
                                args.guarded))
             return
         else:
-            report = report_from_json(Path(args.from_json[0]))
+            evidence = evidence_from_json(Path(args.from_json[0]))
+        report = summarize_ablation(against(evidence, args.against) if args.against else evidence)
         if args.out:
             write_report(report, Path(args.out))
         else:
@@ -920,6 +930,9 @@ def main(args) -> None:
     if args.guarded:
         raise ValueError("ablate --guarded goes with several --from-json reports; a recipe's guarded rows come from "
                          "ablation.guard_protocol")
+    if args.against:
+        raise ValueError("ablate --against recomputes a written report (with --from-json); a recipe's arms are "
+                         "compared with its first")
     if not args.recipe:
         raise ValueError("ablate needs a recipe (e.g. recipes/rl_cpu.yaml), or --from-json ablation.json")
     recipe = load_recipe(AblationRecipe, Path(args.recipe), args.overrides)

@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "rows (ablation.guard_protocol)")
     ablate.add_argument("--merge", action="store_true", help="with several --from-json of one ablation (e.g. "
                         "sessions that ran other seeds): one report of all their cells, a cell run twice checked equal")
+    ablate.add_argument("--against", help="with one --from-json (or --merge): compare every arm with this one instead "
+                        "of the first (e.g. the gate against a time-only gate)")
     ablate.add_argument("--out", help="with --from-json: write ablation.json/.md/.png here instead of printing")
     ablate.add_argument("--dry-run", action="store_true", help="validate the recipe and every arm's settings only")
     ablate.set_defaults(run=_main_of("minivla_wmrl.ablation"))

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -384,6 +385,30 @@ def test_reports_of_one_ablation_from_several_sessions_merge_into_one(tmp_path, 
     assert "differ in checkpoints played (final_only)" in capsys.readouterr().err
     assert cli(["ablate", "--from-json", str(a), "--merge"]) == 1
     assert "several --from-json reports" in capsys.readouterr().err
+
+
+def test_against_compares_every_arm_with_the_named_one(tmp_path, capsys):
+    """`ablate --from-json R --against ARM`: ARM becomes the reference of every difference and ratio (the
+    gate against its time-only twin); the arms' own figures do not move."""
+    report = Path(__file__).resolve().parent.parent / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json"
+    plain = {a["arm"]: a for a in json.loads(report.read_text())["arms"]}
+    assert cli(["ablate", "--from-json", str(report), "--against", "time400_collect", "--out", str(tmp_path)]) == 0
+    recomputed = json.loads((tmp_path / "ablation.json").read_text())
+    arms = {a["arm"]: a for a in recomputed["arms"]}
+    assert recomputed["first_arm"] == recomputed["arms"][0]["arm"] == "time400_collect"
+    for name, arm in arms.items():
+        assert arm["held_out_per_seed"] == plain[name]["held_out_per_seed"] and arm["vs_sft"] == plain[name]["vs_sft"]
+    time_, gated = arms["time400_collect"], arms["gated400_collect"]
+    shared = len(time_["held_out_per_seed"])
+    assert gated["vs_first_arm"]["seeds"] == shared
+    assert gated["vs_first_arm"]["difference"] == pytest.approx(
+        np.mean(gated["held_out_per_seed"][:shared]) - np.mean(time_["held_out_per_seed"]))
+    assert gated["vs_first_arm"] != plain["gated400_collect"]["vs_first_arm"]
+    capsys.readouterr()
+    assert cli(["ablate", "--from-json", str(report), "--against", "truncated"]) == 1
+    assert "no such arm; its arms are ['sparse400', 'gated400_collect', 'time400_collect']" in capsys.readouterr().err
+    assert cli(["ablate", "--from-json", str(report), str(report), "--against", "sparse400"]) == 1
+    assert "go with one report" in capsys.readouterr().err
 
 
 def test_a_gated_cell_is_charged_the_real_steps_of_the_episodes_its_gate_started_from(tmp_path):

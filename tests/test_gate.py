@@ -206,7 +206,7 @@ def test_gated_grpo_resumes_exactly(start, tmp_path):  # noqa: F811
     resumed = train_grpo(gated(start, tmp_path / "cut", save_every=1), progress=False)["history"]
     keys = ("success_rate", "cut_rollouts", "gate_threshold", "gate_active", "gate_auroc_beyond_time", "real_steps",
             "loss")
-    np.testing.assert_equal([[r[k] for k in keys] for r in resumed], [[r[k] for k in keys] for r in whole])  # NaN == NaN
+    np.testing.assert_equal([[r[k] for k in keys] for r in resumed], [[r[k] for k in keys] for r in whole])  # NaN==NaN
     assert sum(r["cut_rollouts"] for r in whole) > 0
 
 
