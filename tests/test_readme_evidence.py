@@ -4,7 +4,7 @@ likewise the gate-report table in docs/wmrl_grpo.md from `docs/gate_report_task2
 
 from pathlib import Path
 
-from minivla_wmrl.ablation import report_from_json
+from minivla_wmrl.ablation import against, evidence_from_json, report_from_json, summarize_ablation
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = {"sparse": "| sparse GRPO", "shuffled": "| shuffled rewards", "lr0": "| lr 0"}  # each arm's README row
@@ -308,8 +308,13 @@ def test_the_first_run_replication_is_the_committed_ablation():
         flat = " ".join(readme.split())
         assert f"the probe's arm against it: {paired} points" in flat
         charged = time_alone["charged_ratio"]
+        evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
+        vs_time = {a["arm"]: a for a in summarize_ablation(against(evidence, "time400_collect"))["arms"]}
+        probe = vs_time["gated400_collect"]  # the probe's gate with time alone's as the reference
+        assert f"{_difference(probe['vs_first_arm'])} seed level" in flat
         for ratio, interval in ((time_alone["real_step_ratio"], time_alone["real_step_ratio_interval"]),
-                                (charged["real_step_ratio"], charged["interval"])):
+                                (charged["real_step_ratio"], charged["interval"]),
+                                (probe["real_step_ratio"], probe["real_step_ratio_interval"])):
             assert f"{ratio:.2f}× [{interval['ci95'][0]:.2f}, {interval['ci95'][1]:.2f}]" in flat
     (row,) = [line for line in readme.splitlines() if line.startswith("| gated, probe, cut rollouts rewarded 0")]
     assert f"| {_difference(gated['vs_first_arm'])} |" in row

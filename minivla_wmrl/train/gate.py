@@ -88,7 +88,7 @@ class OutcomePredictor:
         """Fit on `episodes`; returns why it cannot (None when fit)."""
         successes = sum(t.success for t in episodes)
         if successes < 2 or len(episodes) - successes < 2:
-            self.model = None
+            self.model = self.time_alone = None
             return f"{len(episodes)} real-labelled episodes ({successes} successes): too few to fit the predictor"
         probe_episodes = [probe_episode(t, self.signals) for t in episodes]
         self.time_alone = time_only(probe_episodes)
