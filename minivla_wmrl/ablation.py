@@ -914,8 +914,8 @@ def main(args) -> None:
             evidence = merge_evidence([(path, evidence_from_json(Path(path))) for path in args.from_json])
         elif len(args.from_json) > 1:
             if args.out or args.against:
-                raise ValueError("ablate --out and --against go with one report; with several --from-json it prints "
-                                 "the pooled table")
+                raise ValueError("ablate --out writes one report, and --against recomputes one; with several "
+                                 "--from-json it prints the pooled table")
             print(pooled_table([(path, report_from_json(Path(path))) for path in args.from_json], args.arm,
                                args.guarded))
             return

@@ -408,7 +408,7 @@ def test_against_compares_every_arm_with_the_named_one(tmp_path, capsys):
     assert cli(["ablate", "--from-json", str(report), "--against", "truncated"]) == 1
     assert "no such arm; its arms are ['sparse400', 'gated400_collect', 'time400_collect']" in capsys.readouterr().err
     assert cli(["ablate", "--from-json", str(report), str(report), "--against", "sparse400"]) == 1
-    assert "go with one report" in capsys.readouterr().err
+    assert "--against recomputes one" in capsys.readouterr().err
 
 
 def test_a_gated_cell_is_charged_the_real_steps_of_the_episodes_its_gate_started_from(tmp_path):
