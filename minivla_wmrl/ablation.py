@@ -550,13 +550,17 @@ def summarize_ablation(evidence: dict) -> dict:
         entry["real_step_ratio"] = first_needs / needs if needs and first_needs is not None else None
         entry["real_step_ratio_interval"] = real_step_ratio_interval(arms[0]["seed_curves"], entry["seed_curves"],
                                                                      sft_success)
-        if any(entry["replay_real_steps"]):  # the same, the gate's replay charged to the arm (as a first run pays)
+        # the same, each gate's replay charged to its arm, the first arm's included (as a first run pays)
+        if any(entry["replay_real_steps"]) or any(arms[0]["replay_real_steps"]):
             charge = float(np.mean(entry["replay_real_steps"]))
+            first_charge = float(np.mean(arms[0]["replay_real_steps"]))
             entry["charged_ratio"] = {
                 "steps_to_first_arm_final": None if needs is None else needs + charge,
-                "real_step_ratio": None if needs is None or first_needs is None else first_needs / (needs + charge),
+                "real_step_ratio": (None if needs is None or first_needs is None
+                                    else (first_needs + first_charge) / (needs + charge)),
                 "interval": real_step_ratio_interval(arms[0]["seed_curves"], entry["seed_curves"], sft_success,
-                                                     charges=entry["replay_real_steps"])}
+                                                     charges=entry["replay_real_steps"],
+                                                     first_charges=arms[0]["replay_real_steps"])}
     for entry in arms[1:]:  # on the seed indices both arms ran
         shared = min(len(finals[first]), len(finals[entry["arm"]]))
         entry["vs_first_arm"] = seed_level_difference(finals[first][:shared], finals[entry["arm"]][:shared])
@@ -630,21 +634,25 @@ def steps_to_reach(curve: list[dict], sft_success: float, target: float) -> tupl
 
 
 def real_step_ratio_interval(first: list[list], arm: list[list], sft_success: float, resamples: int = 2000,
-                             seed: int = 0, charges: list[float] | None = None) -> dict | None:
+                             seed: int = 0, charges: list[float] | None = None,
+                             first_charges: list[float] | None = None) -> dict | None:
     """Percentile interval of the real-step ratio with seeds resampled (each arm's independently):
     the first arm's steps to reach its own final mean success over this arm's steps to reach it,
     among the resamples in which the arm reached it at all (their share is returned too; the interval
     is None when fewer than `MIN_RATIOS` did). None with one seed in either. `charges`: real steps
-    added to each of the arm's seeds (before its first step: the episodes its gate started from)."""
+    added to each of the arm's seeds (before its first step: the episodes its gate started from);
+    `first_charges`: the same for the first arm's seeds."""
     if len(first) < 2 or len(arm) < 2 or any(len(c) != len(first[0]) for c in first) \
             or any(len(c) != len(arm[0]) for c in arm):
         return None
     rng = np.random.default_rng(seed)
     first, arm = np.asarray(first, float), np.asarray(arm, float)  # (seeds, points, [real steps, success])
     charges = np.zeros(len(arm)) if charges is None else np.asarray(charges, float)
+    first_charges = np.zeros(len(first)) if first_charges is None else np.asarray(first_charges, float)
     ratios, reached = [], 0
     for _ in range(resamples):
-        mean_first = first[rng.integers(len(first), size=len(first))].mean(axis=0)
+        drawn_first = rng.integers(len(first), size=len(first))
+        mean_first, first_charge = first[drawn_first].mean(axis=0), first_charges[drawn_first].mean()
         drawn = rng.integers(len(arm), size=len(arm))
         mean_arm, charge = arm[drawn].mean(axis=0), charges[drawn].mean()
         target = mean_first[-1, 1]
@@ -655,7 +663,7 @@ def real_step_ratio_interval(first: list[list], arm: list[list], sft_success: fl
         if needs is not None:
             reached += 1
             if needs + charge > 0:
-                ratios.append(first_needs / (needs + charge))
+                ratios.append((first_needs + first_charge) / (needs + charge))
     if len(ratios) < MIN_RATIOS:
         return {"ci95": None, "reached_share": reached / resamples}
     return {"ci95": [float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))],
@@ -756,7 +764,8 @@ def ablation_table(report: dict) -> str:
     charged = [arm for arm in report["arms"] if arm.get("charged_ratio")]
     if charged:
         lines += ["", "The same with the episodes each gate started from (`gate.replay`: the wm stage's collection, "
-                  "earlier runs) charged to its arm, as a first gated run on the task pays them:", ""]
+                  f"earlier runs) charged to its arm, {first_arm}'s too, as a first gated run on the task pays them:",
+                  ""]
     for arm in charged:
         c, spread = arm["charged_ratio"], arm["charged_ratio"]["interval"]
         reached = "not reached" if c["real_step_ratio"] is None else (
@@ -804,7 +813,8 @@ def against(evidence: dict, arm: str) -> dict:
     names = [entry["arm"] for entry in evidence["arms"]]
     if arm not in names:
         raise ValueError(f"ablate --against {arm!r}: the report has no such arm; its arms are {names}")
-    return dict(evidence, arms=sorted(evidence["arms"], key=lambda entry: entry["arm"] != arm), first_arm=arm)
+    return dict(evidence, arms=sorted(evidence["arms"], key=lambda entry: entry["arm"] != arm), first_arm=arm,
+                seeding=f"{evidence['seeding']} (i: the arm's place in the ablation: {', '.join(names)})")
 
 
 # what a cell run twice must repeat exactly (its wall-clock times are free to differ)

@@ -404,6 +404,11 @@ def test_against_compares_every_arm_with_the_named_one(tmp_path, capsys):
     assert gated["vs_first_arm"]["difference"] == pytest.approx(
         np.mean(gated["held_out_per_seed"][:shared]) - np.mean(time_["held_out_per_seed"]))
     assert gated["vs_first_arm"] != plain["gated400_collect"]["vs_first_arm"]
+    # both gates paid for the same collection: charged on both sides, against itself the reference is at 1
+    assert time_["charged_ratio"]["real_step_ratio"] == pytest.approx(1.0)
+    assert gated["charged_ratio"]["real_step_ratio"] == pytest.approx(
+        (time_["steps_to_first_arm_final"] + 15772) / (gated["steps_to_first_arm_final"] + 15772))
+    assert "s + 1000 × i (i: the arm's place in the ablation: sparse400, gated400_collect" in recomputed["seeding"]
     capsys.readouterr()
     assert cli(["ablate", "--from-json", str(report), "--against", "truncated"]) == 1
     assert "no such arm; its arms are ['sparse400', 'gated400_collect', 'time400_collect']" in capsys.readouterr().err

@@ -84,9 +84,13 @@ def test_warm_start_statistics_are_cross_fitted_and_fill_one_window():
 def test_the_log_odds_beyond_time_are_taken_where_the_gate_may_first_cut():
     probabilities, steps = np.array([0.1, 0.2, 0.5, 0.4]), np.array([8, 16, 24, 30])  # the last: the end, step 30
     time_alone = {16: 0.2, 24: 0.2}.get
-    assert beyond_time(probabilities, steps, 30, 16, time_alone) == pytest.approx(0.0)
-    assert beyond_time(probabilities, steps, 30, 20, time_alone) == pytest.approx(np.log(4))  # odds 1 against 1/4
-    assert np.isnan(beyond_time(probabilities, steps, 30, 25, time_alone))  # ended before a cut was due
+    assert beyond_time(probabilities, steps, 30, 16, 1, time_alone) == pytest.approx(0.0)
+    assert beyond_time(probabilities, steps, 30, 20, 1, time_alone) == pytest.approx(np.log(4))  # odds 1 against 1/4
+    assert beyond_time(probabilities, steps, 30, 16, 2, time_alone) == pytest.approx(np.log(4))  # two decisions due
+    assert np.isnan(beyond_time(probabilities, steps, 30, 20, 2, time_alone))  # ended before a second one
+    assert np.isnan(beyond_time(probabilities, steps, 30, 25, 1, time_alone))  # ended before a cut was due
+    with pytest.raises(ValueError, match="got 2, 2 and 1"):
+        Gate(GateConfig()).observe(np.zeros(2), np.zeros(2, bool), np.zeros(1))
 
 
 def test_time_alone_passes_the_quality_floor_but_knows_nothing_beyond_time():

@@ -16,8 +16,9 @@ before `min_steps` leave nothing to rank: then the threshold alone guards them).
 
 Length alone makes that AUROC high (failures run to the cap, so their statistics fall lowest), so it
 cannot tell an informative predictor from time alone. `beyond_time_auroc` can: at the first decision
-where the gate may cut, each anchor still running there is scored by the predictor's log-odds above
-those of time alone fit on the same episodes, and the AUROC is taken over the recent ones. Time
+where the gate may cut (the `patience`-th at or after `min_steps`), each anchor still running there is
+scored by the predictor's log-odds above those of time alone fit on the same episodes, and the AUROC
+is taken over the window (under `warm_start`, the replay's episodes until anchors push them out). Time
 alone scores 0.5 by construction (every excess is 0), and the subtraction keeps a base rate that
 moves between GRPO steps from passing for information. Logged (`gate_auroc_beyond_time`), not acted on.
 
@@ -116,14 +117,16 @@ def cut_statistic(probabilities: np.ndarray, steps: np.ndarray, min_steps: int, 
     return float(windows.max(axis=1).min())
 
 
-def beyond_time(probabilities: np.ndarray, steps: np.ndarray, length: int, min_steps: int, time_alone) -> float:
-    """At the first decision where the gate may cut (at or after `min_steps`), the prediction's log-odds
-    minus those of `time_alone` there; NaN when the episode ended before it."""
+def beyond_time(probabilities: np.ndarray, steps: np.ndarray, length: int, min_steps: int, patience: int,
+                time_alone) -> float:
+    """At the first decision where the gate may cut (the `patience`-th at or after `min_steps`), the
+    prediction's log-odds minus those of `time_alone` there; NaN when the episode ended before it."""
     steps = np.asarray(steps)
     due = np.flatnonzero((steps >= min_steps) & (steps < length))
-    if not len(due):
+    if len(due) < patience:
         return float("nan")
-    p, base = np.clip([np.asarray(probabilities)[due[0]], time_alone(int(steps[due[0]]))], 1e-6, 1 - 1e-6)
+    first = due[patience - 1]
+    p, base = np.clip([np.asarray(probabilities)[first], time_alone(int(steps[first]))], 1e-6, 1 - 1e-6)
     return float(np.log(p / (1 - p)) - np.log(base / (1 - base)))
 
 
@@ -132,7 +135,8 @@ def anchor_statistics(probabilities: np.ndarray, trajectory: Trajectory, config:
     """What an anchor scored by `predictor` tells the gate: its cut statistic and its log-odds beyond time."""
     steps = decision_steps(trajectory)
     return (cut_statistic(probabilities, steps, config.min_steps, config.patience),
-            beyond_time(probabilities, steps, trajectory.length, config.min_steps, predictor.time_alone))
+            beyond_time(probabilities, steps, trajectory.length, config.min_steps, config.patience,
+                        predictor.time_alone))
 
 
 def cross_fit_statistics(episodes: list[Trajectory], config: GateConfig, time_scale: float,
@@ -167,6 +171,9 @@ class Gate:
 
     def observe(self, statistics: np.ndarray, outcomes: np.ndarray, beyond_time: np.ndarray) -> None:
         """Add this step's anchors (scored by a predictor not fit on them) and recalibrate."""
+        if not len(statistics) == len(outcomes) == len(beyond_time):
+            raise ValueError(f"the gate observes one cut statistic, outcome and log-odds beyond time per anchor; got "
+                             f"{len(statistics)}, {len(outcomes)} and {len(beyond_time)}")
         self.statistics = (self.statistics + [float(s) for s in statistics])[-self.config.window:]
         self.outcomes = (self.outcomes + [bool(y) for y in outcomes])[-self.config.window:]
         self.beyond_time = (self.beyond_time + [float(x) for x in beyond_time])[-self.config.window:]
