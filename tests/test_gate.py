@@ -66,11 +66,11 @@ def test_the_gate_stops_cutting_when_its_predictor_degrades_and_restores_from_it
 def test_warm_start_statistics_are_cross_fitted_and_fill_one_window():
     episodes = rollouts(0, 60)  # successes planted in the policy's signals
     config = GateConfig(predictor="policy", min_steps=24, patience=1, window=40, min_per_outcome=4)
-    statistics, outcomes, running = cross_fit_statistics(episodes, config, CAP)
-    assert len(statistics) == len(outcomes) == len(running) == 40 and 0 < outcomes.sum() < 40
+    statistics, outcomes, excess = cross_fit_statistics(episodes, config, CAP)
+    assert len(statistics) == len(outcomes) == len(excess) == 40 and 0 < outcomes.sum() < 40
     assert auroc(statistics, outcomes) > 0.9
     gate = Gate(config)
-    gate.observe(statistics, outcomes, running)
+    gate.observe(statistics, outcomes, excess)
     assert gate.active  # before any anchor
     # each episode is scored by a predictor that never saw it: one fit on all of them would score them otherwise
     seen = OutcomePredictor("policy", CAP)

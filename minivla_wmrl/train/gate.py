@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import numpy as np
+from scipy.special import logit
 
 from minivla_wmrl.evaluation.prefix_auroc import probe_episode, time_only
 from minivla_wmrl.evaluation.statistics import auroc
@@ -127,7 +128,7 @@ def beyond_time(probabilities: np.ndarray, steps: np.ndarray, length: int, min_s
         return float("nan")
     first = due[patience - 1]
     p, base = np.clip([np.asarray(probabilities)[first], time_alone(int(steps[first]))], 1e-6, 1 - 1e-6)
-    return float(np.log(p / (1 - p)) - np.log(base / (1 - base)))
+    return float(logit(p) - logit(base))
 
 
 def anchor_statistics(probabilities: np.ndarray, trajectory: Trajectory, config: GateConfig,
