@@ -61,6 +61,28 @@ def test_a_warm_started_gate_cuts_from_the_first_step():
     assert "| time, warm start | 24 |" in report_table([warm]) and "| time | 24 |" in report_table([cold])
 
 
+def test_the_replay_reads_what_the_predictor_knows_beyond_time():
+    """Per step and in total, the gate's AUROC beyond time: exactly 0.5 for time alone, high for a probe
+    on planted signals; the table shows the last reading, and a dash for the oracle, which has no gate."""
+    steps, extra = run_steps(1, 4), rollouts(2, 40)
+    config = GateConfig(predictor="time", min_steps=24, patience=1, wrong_cut_rate=0.1, min_per_outcome=2,
+                        warm_start=True)
+    time = replay_gate(steps, config, extra, group_size=4, anchor_fraction=0.25, time_scale=CAP)
+    probe = replay_gate(steps, replace(config, predictor="policy"), extra, group_size=4, anchor_fraction=0.25,
+                        time_scale=CAP)
+    assert [r["gate_auroc_beyond_time"] for r in time["steps"]] == [0.5] * 4
+    assert time["total"]["gate_auroc_beyond_time"] == 0.5
+    assert probe["total"]["gate_auroc_beyond_time"] > 0.9 and probe["total"]["gate_auroc"] > 0.9
+    oracle = replay_oracle(steps, 24, group_size=4, anchor_fraction=0.25)
+    table = report_table([time, probe, oracle]).splitlines()
+    assert table[2].endswith("| 0.50 |") and table[4].endswith("| - |")
+    assert float(table[3].split("|")[-2]) == pytest.approx(probe["total"]["gate_auroc_beyond_time"], abs=0.005)
+    json.dumps(time, allow_nan=False)  # too few to rank is null, not NaN
+    cold = replay_gate(steps, replace(config, warm_start=False), extra, group_size=4, anchor_fraction=0.25,
+                       time_scale=CAP)
+    assert cold["steps"][0]["gate_auroc_beyond_time"] is None and cold["steps"][0]["gate_auroc"] is None
+
+
 def test_the_oracle_cuts_exactly_the_non_anchor_failures_of_the_gates_anchors():
     """The perfect predictor: same anchors as a replayed gate with the same seed, every other failure
     cut at its first decision at or after min_steps, never a success; no gate saves more."""

@@ -10,7 +10,10 @@ anchors, scored by the predictor before it learns from them, recalibrate the gat
 `--warm-start`, first calibrated on the `--replay` episodes, cross-fitted). Exactly the objects and
 order GRPO's gated execution uses (`GRPOTrainer.rollouts` and `corrections`). `--predictor oracle`
 adds the perfect predictor on the same anchors: every other failure cut at `min_steps`, the most any
-predictor could save there.
+predictor could save there. Each step also records the gate's two quality readings as they stood when
+it gated that step's rollouts (`gate_auroc`, and `gate_auroc_beyond_time`: what the predictor ranks
+beyond time alone; `train.gate`), and the total, their values over the last anchors (null: too few to
+rank).
 
 What it cannot show: how the gate's rewards (a cut rollout's prediction, or 0) would have
 changed the policy; the rollouts after the first step are the sparse run's, not a gated run's.
@@ -69,13 +72,22 @@ def replay_gate(steps: list[list[Trajectory]], config: GateConfig, extra: list[T
         ends = np.array([t.length for t in rollouts])
         for k in np.flatnonzero(~anchors) if cutting else []:
             ends[k] = first_cut(gate, probabilities[k], rollouts[k])
-        rows.append(step_row(number, cutting, gate.threshold if cutting else None, rollouts, anchors, ends))
+        rows.append(step_row(number, cutting, gate.threshold if cutting else None, rollouts, anchors, ends)
+                    | quality_readings(gate))
         if probabilities is not None:  # the anchors recalibrate the gate, as in GRPO's corrections
             statistics, excess = np.array([anchor_statistics(probabilities[k], rollouts[k], config, predictor)
                                            for k in np.flatnonzero(anchors)]).reshape(-1, 2).T
             gate.observe(statistics, np.array([rollouts[k].success for k in np.flatnonzero(anchors)]), excess)
         labelled += [t for t, end in zip(rollouts, ends) if end == t.length]  # what a gated run's replay would hold
-    return {"gate": asdict(config), "anchor_fraction": anchor_fraction, "steps": rows, "total": total_of(rows)}
+    return {"gate": asdict(config), "anchor_fraction": anchor_fraction, "steps": rows,
+            "total": total_of(rows) | quality_readings(gate)}
+
+
+def quality_readings(gate: Gate) -> dict:
+    """The gate's AUROCs over its recent anchors, named as `Gate.log` names them (null where too few to
+    rank: JSON has no NaN)."""
+    readings = {"gate_auroc": gate.quality, "gate_auroc_beyond_time": gate.beyond_time_auroc}
+    return {k: None if np.isnan(v) else float(v) for k, v in readings.items()}
 
 
 def replay_oracle(steps: list[list[Trajectory]], min_steps: int, group_size: int, anchor_fraction: float,
@@ -127,14 +139,17 @@ def total_of(rows: list[dict]) -> dict:
 def report_table(reports: list[dict]) -> str:
     """One row per gate setting, as markdown."""
     lines = ["| predictor | min steps | patience | wrong-cut rate | first cutting step | non-anchors cut "
-             "| successes cut | failures cut | real steps: fewer by |", "|---|---|---|---|---|---|---|---|---|"]
+             "| successes cut | failures cut | real steps: fewer by | AUROC beyond time, last anchors |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         g, t = r["gate"], r["total"]
         predictor = g["predictor"] + (", warm start" if g.get("warm_start") else "")
+        beyond = t.get("gate_auroc_beyond_time")  # the oracle has no gate to read
         lines.append(f"| {predictor} | {g['min_steps']} | {g['patience']} | {g['wrong_cut_rate']} | "
                      f"{t['first_cutting_step'] or '-'} | {t['cut']} | {t['successes_cut']} of "
                      f"{t['non_anchor_successes']} ({t['successes_cut_share']:.0%}) | {t['failures_cut']} of "
-                     f"{t['non_anchor_failures']} ({t['failures_cut_share']:.0%}) | {t['saving']:.2f}x |")
+                     f"{t['non_anchor_failures']} ({t['failures_cut_share']:.0%}) | {t['saving']:.2f}x | "
+                     f"{'-' if beyond is None else f'{beyond:.2f}'} |")
     return "\n".join(lines) + "\n"
 
 
