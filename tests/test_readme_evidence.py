@@ -184,7 +184,11 @@ def test_readme_prefix_auroc_rows_are_the_committed_probe_reports():
             ("probe_report_task28_proprio.json", (1128, 224), (32, 48, 64), "| shuffled control's 5 seeds"),
             ("probe_report_task28_cap400.json", (232, 224), (32, 48, 64, 96), "| collection + sparse400 seed 0 "),
             ("probe_report_task28_cap400_seeds.json", (904, 224), (32, 48, 64, 96), "| collection + sparse400 seeds"),
-            ("probe_report_task28_cap400_fresh.json", (48, 448), (32, 48, 64, 96), "| collection alone (48)")):
+            ("probe_report_task28_cap400_fresh.json", (48, 448), (32, 48, 64, 96), "| collection alone (48)"),
+            ("probe_report_task28_cap400_fresh_fit2.json", (224, 448), (24, 32, 48), "| sparse400 seed 2 (224)"),
+            ("probe_report_task28_cap400_fresh_fit23.json", (448, 448), (24, 32, 48), "| sparse400 seeds 2–3"),
+            ("probe_report_task28_cap400_fresh_fit234.json", (672, 448), (24, 32, 48), "| sparse400 seeds 2–4"),
+            ("probe_report_task28_cap400_fresh_fit012.json", (672, 448), (24, 32, 48), "| sparse400 seeds 0–2")):
         report = json.loads((ROOT / "docs" / name).read_text())
         rows = {r["steps"]: r for r in report["rows"]}
         assert (report["train"], report["test"]) == sizes, name

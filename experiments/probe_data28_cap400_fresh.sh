@@ -1,0 +1,26 @@
+#!/bin/bash
+# Issue 31, offline, on experiments/gated28_cap400_fresh.sh's sparse400 runs: is the outcome probe starved of data
+# on a first run (fit on the wm collection's 48 episodes: docs/probe_report_task28_cap400_fresh.json)?
+# 1. The probes fit on 224, 448 and 672 episodes of earlier runs of the task (sparse400 seeds 2; 2-3; 2-4), tested on
+#    seeds 0-1 as the collection's fit was: docs/probe_report_task28_cap400_fresh_fit{2,23,234}.json; and the split
+#    swapped (fit on seeds 0-2, tested on 3-4): docs/probe_report_task28_cap400_fresh_fit012.json.
+# 2. The gate replayed on seeds 0 and 1 as a later run on the task would start it: predictor first fit on, and
+#    warm-started from, the collection and seeds 2-4 (720 episodes), cutting from step 24 or 32, with time alone,
+#    the probe with proprioception and the oracle: docs/gate_report_task28_cap400_fresh_later_seed{0,1}.json.
+set -e
+cd "$(dirname "$0")/.."
+source .venv/bin/activate
+export OMP_NUM_THREADS=1
+R=runs/rl_cpu_t28_fresh/ablation/sparse400
+STEPS="--steps 16 24 32 40 48 64 96 --time-scale 400"
+for fit in 2 23 234; do
+  minivla-wmrl probe-report $(for s in $(echo $fit | grep -o .); do echo $R/seed$s/replay; done) \
+    --test $R/seed{0,1}/replay $STEPS --json docs/probe_report_task28_cap400_fresh_fit$fit.json
+done
+minivla-wmrl probe-report $R/seed{0,1,2}/replay --test $R/seed{3,4}/replay $STEPS \
+  --json docs/probe_report_task28_cap400_fresh_fit012.json
+for s in 0 1; do
+  minivla-wmrl gate-report $R/seed$s/replay --replay runs/rl_cpu_t28_fresh/wm/replay $R/seed{2,3,4}/replay \
+    --warm-start --predictor time proprio oracle --min-steps 24 32 --patience 1 --wrong-cut-rate 0.2 \
+    --time-scale 400 --json docs/gate_report_task28_cap400_fresh_later_seed$s.json
+done
