@@ -7,6 +7,9 @@
 # 2. The gate replayed on seeds 0 and 1 as a later run on the task would start it: predictor first fit on, and
 #    warm-started from, the collection and seeds 2-4 (720 episodes), cutting from step 24 or 32, with time alone,
 #    the probe with proprioception and the oracle: docs/gate_report_task28_cap400_fresh_later_seed{0,1}.json.
+# 3. The most any predictor could save there, by the share of anchors: the oracle on seeds 0 and 1 with the recipe's
+#    groups of 4 (at least 1 anchor each: 1 in 4 runs to its end; in docs/gate_report_task28_cap400_fresh_seed*.json)
+#    against groups of 8 with 1 anchor and of 16 with 1: docs/gate_report_task28_cap400_fresh_oracle_g{8,16}_seed{0,1}.json.
 set -e
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
@@ -24,3 +27,14 @@ for s in 0 1; do
     --warm-start --predictor time proprio oracle --min-steps 24 32 --patience 1 --wrong-cut-rate 0.2 \
     --time-scale 400 --json docs/gate_report_task28_cap400_fresh_later_seed$s.json
 done
+for s in 0 1; do
+  minivla-wmrl gate-report $R/seed$s/replay --predictor oracle --min-steps 24 --group-size 8 --anchor-fraction 0.125 \
+    --time-scale 400 --json docs/gate_report_task28_cap400_fresh_oracle_g8_seed$s.json
+  minivla-wmrl gate-report $R/seed$s/replay --predictor oracle --min-steps 24 --group-size 16 --anchor-fraction 0.0625 \
+    --time-scale 400 --json docs/gate_report_task28_cap400_fresh_oracle_g16_seed$s.json
+done
+# 4. The probe's later-run gate at lower wrong-cut rates, to set against time alone's at equal successes cut (seed 0):
+#    docs/gate_report_task28_cap400_fresh_later_rates_seed0.json.
+minivla-wmrl gate-report $R/seed0/replay --replay runs/rl_cpu_t28_fresh/wm/replay $R/seed{2,3,4}/replay \
+  --warm-start --predictor proprio --min-steps 32 --patience 1 --wrong-cut-rate 0.05 0.1 \
+  --time-scale 400 --json docs/gate_report_task28_cap400_fresh_later_rates_seed0.json

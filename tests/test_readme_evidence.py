@@ -359,3 +359,40 @@ def test_the_first_run_replications_offline_gate_is_the_committed_replay():
     assert " and ".join(f"{100 * t['failures_cut_share']:.0f}%" for t in totals["proprio"]) + " of failures" in flat
     assert (f"{totals['time'][0]['saving']:.2f}× and {totals['time'][1]['saving']:.2f}× against "
             f"{totals['proprio'][0]['saving']:.2f}× and {totals['proprio'][1]['saving']:.2f}×") in docs_flat
+
+
+def test_the_later_run_gate_and_the_anchor_ceiling_are_the_committed_replays():
+    """README's offline gate as a later run on the task would start it (fit on 720 earlier episodes), and the
+    oracle's ceiling by anchor share, from docs/gate_report_task28_cap400_fresh_{later,oracle_g8,oracle_g16}_seed*
+    .json."""
+    import json
+
+    def load(name: str, seed: int) -> dict:
+        return json.loads((ROOT / "docs" / f"gate_report_task28_cap400_fresh_{name}_seed{seed}.json").read_text())
+
+    totals = {}  # (predictor, min steps) -> totals of seeds 0 and 1
+    for seed in (0, 1):
+        replay = load("later", seed)
+        assert replay["run"].endswith(f"sparse400/seed{seed}/replay") and replay["extra"] == 720
+        for report in replay["reports"]:
+            totals.setdefault((report["gate"]["predictor"], report["gate"]["min_steps"]), []).append(report["total"])
+    flat = " ".join((ROOT / "README.md").read_text().split())
+
+    def span(predictor: str, key: str, form) -> str:
+        values = [t[key] for (p, _), ts in totals.items() if p == predictor for t in ts]
+        return f"{form(min(values))}–{form(max(values))}"
+
+    percent, times = (lambda x: f"{100 * x:.0f}"), (lambda x: f"{x:.2f}")
+    assert all(t["failures_cut_share"] == 1.0 for (p, _), ts in totals.items() if p != "oracle" for t in ts)
+    assert (f"{span('proprio', 'successes_cut_share', percent)}% of the successes against time alone's "
+            f"{span('time', 'successes_cut_share', percent)}%") in flat
+    assert (f"for {span('proprio', 'saving', times)}× fewer real steps against time alone's "
+            f"{span('time', 'saving', times)}× (the oracle's {span('oracle', 'saving', times)}×)") in flat
+    beyond = {m: " and ".join(f"{t['gate_auroc_beyond_time']:.2f}" for t in totals[("proprio", m)]) for m in (24, 32)}
+    assert f"ranked {beyond[24]} beyond time cutting from step 24, {beyond[32]} from step 32" in flat
+    assert all(t["gate_auroc_beyond_time"] == 0.5 for m in (24, 32) for t in totals[("time", m)])
+    ceilings = [" and ".join(f"{load(name, seed)['reports'][0]['total']['saving']:.2f}×" for seed in (0, 1))
+                for name in ("oracle_g8", "oracle_g16")]
+    oracle = " and ".join(f"{t['saving']:.2f}×" for t in totals[("oracle", 24)])
+    assert f"saves at most {oracle}; with one anchor in 8 rollouts" in flat
+    assert f"would make them) {ceilings[0]}, in 16, {ceilings[1]}" in flat
