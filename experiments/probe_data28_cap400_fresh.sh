@@ -10,6 +10,8 @@
 # 3. The most any predictor could save there, by the share of anchors: the oracle on seeds 0 and 1 with the recipe's
 #    groups of 4 (at least 1 anchor each: 1 in 4 runs to its end; in docs/gate_report_task28_cap400_fresh_seed*.json)
 #    against groups of 8 with 1 anchor and of 16 with 1: docs/gate_report_task28_cap400_fresh_oracle_g{8,16}_seed{0,1}.json.
+# 4. The probe's later-run gate at lower wrong-cut rates, to set against time alone's at equal successes cut (seed 0):
+#    docs/gate_report_task28_cap400_fresh_later_rates_seed0.json.
 set -e
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
@@ -33,8 +35,6 @@ for s in 0 1; do
   minivla-wmrl gate-report $R/seed$s/replay --predictor oracle --min-steps 24 --group-size 16 --anchor-fraction 0.0625 \
     --time-scale 400 --json docs/gate_report_task28_cap400_fresh_oracle_g16_seed$s.json
 done
-# 4. The probe's later-run gate at lower wrong-cut rates, to set against time alone's at equal successes cut (seed 0):
-#    docs/gate_report_task28_cap400_fresh_later_rates_seed0.json.
 minivla-wmrl gate-report $R/seed0/replay --replay runs/rl_cpu_t28_fresh/wm/replay $R/seed{2,3,4}/replay \
   --warm-start --predictor proprio --min-steps 32 --patience 1 --wrong-cut-rate 0.05 0.1 \
   --time-scale 400 --json docs/gate_report_task28_cap400_fresh_later_rates_seed0.json
