@@ -396,3 +396,11 @@ def test_the_later_run_gate_and_the_anchor_ceiling_are_the_committed_replays():
     oracle = " and ".join(f"{t['saving']:.2f}×" for t in totals[("oracle", 24)])
     assert f"saves at most {oracle}; with one anchor in 8 rollouts" in flat
     assert f"would make them) {ceilings[0]}, in 16, {ceilings[1]}" in flat
+    rates = {r["gate"]["wrong_cut_rate"]: r["total"] for r in load("later_rates", 0)["reports"]}
+    time_alone = totals[("time", 32)][0]
+    assert (f"{100 * rates[0.1]['successes_cut_share']:.0f}% of the successes at a target of 10% and "
+            f"{100 * rates[0.05]['successes_cut_share']:.0f}% at 5%, for {rates[0.1]['saving']:.2f}× and "
+            f"{rates[0.05]['saving']:.2f}× fewer real steps, against time alone's "
+            f"{100 * time_alone['successes_cut_share']:.0f}% for {time_alone['saving']:.2f}×") in flat
+    assert all(r["successes_cut_share"] < time_alone["successes_cut_share"] and r["saving"] > time_alone["saving"]
+               for r in rates.values())  # "fewer successes cut and more steps saved at once"
