@@ -84,10 +84,10 @@ def replay_gate(steps: list[list[Trajectory]], config: GateConfig, extra: list[T
 
 
 def quality_readings(gate: Gate) -> dict:
-    """The gate's AUROCs over its recent anchors, named as `Gate.log` names them (null where too few to
-    rank: JSON has no NaN)."""
-    readings = {"gate_auroc": gate.quality, "gate_auroc_beyond_time": gate.beyond_time_auroc}
-    return {k: None if np.isnan(v) else float(v) for k, v in readings.items()}
+    """The gate's AUROCs over its recent anchors, as `Gate.log` logs them (null where too few to rank:
+    JSON has no NaN)."""
+    logged = gate.log()
+    return {k: None if np.isnan(logged[k]) else float(logged[k]) for k in ("gate_auroc", "gate_auroc_beyond_time")}
 
 
 def replay_oracle(steps: list[list[Trajectory]], min_steps: int, group_size: int, anchor_fraction: float,
