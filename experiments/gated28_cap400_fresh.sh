@@ -13,8 +13,16 @@
 #   time400_collect: gated400_collect with time alone as the predictor (P(success | still running), fit on the
 #     same episodes): does the probe's information matter? Seeds $TIME_SEEDS, a list (e.g. "[0, 1]"; default
 #     none), all run in the first pass
+#   later400_probe: gated400_collect as a later run on the task would start it: the gate's replay the collection
+#     and sparse400 seeds 5-9's 1,120 executed episodes (earlier runs; charged in `ablate`'s charged ratio), cutting
+#     from step 32 at a wrong-cut rate of 0.1 (offline on sparse seed 0 the probe cut 10% of successes for 2.57x
+#     fewer real steps, time alone 14% for 2.33x: docs/gate_report_task28_cap400_fresh_later_rates_seed0.json).
+#     Seeds $LATER_SEEDS (a list as TIME_SEEDS), once sparse400 seeds 5-9 have finished
+#   later400_time: later400_probe with time alone as the predictor, the same seeds
 #   shuffled400: sparse400 with rewards deranged within groups, the control that must not help; seeds
-#     $SHUFFLED_SEEDS (a list as TIME_SEEDS; needs TIME_SEEDS, so that each arm keeps its place and GRPO seeds)
+#     $SHUFFLED_SEEDS (a list as TIME_SEEDS)
+# An optional arm needs every optional arm before it (TIME_SEEDS, LATER_SEEDS, SHUFFLED_SEEDS), so that each arm
+# keeps its place and GRPO seeds.
 # Seeds 0..N-1 (N: SEEDS, default 10) of sparse400 and gated400_collect run a seed of each at a time (both at
 # once: --parallel 2), so a stop leaves those two arms with equal seeds; held out as the recipe's (states 25-49
 # x 2 samples, cap 120) every 5 steps. FIRST (default 1) starts the passes at seeds 0..FIRST-1, e.g. FIRST=5 to run
@@ -28,10 +36,13 @@ R=runs/rl_cpu_t28_fresh
 CAP="grpo.max_real_steps=400, grpo.queries_per_rollout=50, grpo.save_every=5"
 GATE="grpo.execution=gated, grpo.anchor_fraction=0.25, gate.min_steps=24, gate.patience=1, gate.wrong_cut_rate=0.2, \
 gate.warm_start=true, gate.predictor=proprio, gate.cut_reward=failure"
+LATER="gate.min_steps=32, gate.wrong_cut_rate=0.1, \
+'gate.replay=[$R/wm/replay, $(for s in 5 6 7 8 9; do echo -n "$R/ablation/sparse400/seed$s/replay, "; done | sed 's/, $//')]'"
 TIME_SEEDS=${TIME_SEEDS:-}
+LATER_SEEDS=${LATER_SEEDS:-}
 SHUFFLED_SEEDS=${SHUFFLED_SEEDS:-}
-if [ -n "$SHUFFLED_SEEDS" ] && [ -z "$TIME_SEEDS" ]; then
-  echo "SHUFFLED_SEEDS needs TIME_SEEDS: the arms' order sets their GRPO seeds" >&2
+if { [ -n "$LATER_SEEDS" ] && [ -z "$TIME_SEEDS" ]; } || { [ -n "$SHUFFLED_SEEDS" ] && [ -z "$LATER_SEEDS" ]; }; then
+  echo "LATER_SEEDS needs TIME_SEEDS, SHUFFLED_SEEDS needs LATER_SEEDS: the arms' order sets their GRPO seeds" >&2
   exit 2
 fi
 for n in $(seq "${FIRST:-1}" "${SEEDS:-10}"); do
@@ -40,6 +51,10 @@ for n in $(seq "${FIRST:-1}" "${SEEDS:-10}"); do
 {name: gated400_collect, seeds: $S, overrides: [$CAP, $GATE, grpo.steps=28]}"
   if [ -n "$TIME_SEEDS" ]; then
     ARMS="$ARMS, {name: time400_collect, seeds: $TIME_SEEDS, overrides: [$CAP, $GATE, gate.predictor=time, grpo.steps=28]}"
+  fi
+  if [ -n "$LATER_SEEDS" ]; then
+    ARMS="$ARMS, {name: later400_probe, seeds: $LATER_SEEDS, overrides: [$CAP, $GATE, $LATER, grpo.steps=28]}, \
+{name: later400_time, seeds: $LATER_SEEDS, overrides: [$CAP, $GATE, $LATER, gate.predictor=time, grpo.steps=28]}"
   fi
   if [ -n "$SHUFFLED_SEEDS" ]; then
     ARMS="$ARMS, {name: shuffled400, seeds: $SHUFFLED_SEEDS, overrides: [$CAP, grpo.shuffle_rewards=true]}"
