@@ -12,6 +12,8 @@
 #    against groups of 8 with 1 anchor and of 16 with 1: docs/gate_report_task28_cap400_fresh_oracle_g{8,16}_seed{0,1}.json.
 # 4. The probe's later-run gate at lower wrong-cut rates, to set against time alone's at equal successes cut (seed 0):
 #    docs/gate_report_task28_cap400_fresh_later_rates_seed0.json.
+# 5. The later-run gate as experiments/gated28_cap400_fresh.sh's later arms run it (from step 32, wrong-cut rate 0.1), time alone
+#    and the probe, on seeds 0 and 1: docs/gate_report_task28_cap400_fresh_later_rate01_seed{0,1}.json.
 set -e
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
@@ -38,3 +40,8 @@ done
 minivla-wmrl gate-report $R/seed0/replay --replay runs/rl_cpu_t28_fresh/wm/replay $R/seed{2,3,4}/replay \
   --warm-start --predictor proprio --min-steps 32 --patience 1 --wrong-cut-rate 0.05 0.1 \
   --time-scale 400 --json docs/gate_report_task28_cap400_fresh_later_rates_seed0.json
+for s in 0 1; do
+  minivla-wmrl gate-report $R/seed$s/replay --replay runs/rl_cpu_t28_fresh/wm/replay $R/seed{2,3,4}/replay \
+    --warm-start --predictor time proprio --min-steps 32 --patience 1 --wrong-cut-rate 0.1 \
+    --time-scale 400 --json docs/gate_report_task28_cap400_fresh_later_rate01_seed$s.json
+done

@@ -404,3 +404,20 @@ def test_the_later_run_gate_and_the_anchor_ceiling_are_the_committed_replays():
             f"{100 * time_alone['successes_cut_share']:.0f}% for {time_alone['saving']:.2f}×") in flat
     assert all(r["successes_cut_share"] < time_alone["successes_cut_share"] and r["saving"] > time_alone["saving"]
                for r in rates.values())  # "fewer successes cut and more steps saved at once"
+    live = [{r["gate"]["predictor"]: r["total"] for r in load("later_rate01", seed)["reports"]} for seed in (0, 1)]
+    assert all(r["gate"]["wrong_cut_rate"] == 0.1 and r["gate"]["min_steps"] == 32
+               for seed in (0, 1) for r in load("later_rate01", seed)["reports"])
+
+    def both(predictor: str, key: str, form) -> str:
+        return " and ".join(form(by[predictor][key]) for by in live)
+    assert (f"time alone cut {both('time', 'successes_cut_share', percent).replace(' and ', '% and ')}% of the "
+            f"successes for {both('time', 'saving', times).replace(' and ', '× and ')}× fewer real steps, the probe "
+            f"{both('proprio', 'successes_cut_share', percent).replace(' and ', '% and ')}% for "
+            f"{both('proprio', 'saving', times).replace(' and ', '× and ')}×") in flat
+    seed0, seed1 = live
+    assert all(seed0["time"]["successes_cut_share"] <= r["successes_cut_share"] <= time_alone["successes_cut_share"]
+               and r["saving"] > max(seed0["time"]["saving"], time_alone["saving"]) for r in rates.values())
+    time_at_20 = totals[("time", 32)][1]
+    assert seed1["proprio"]["successes_cut_share"] > 0.1  # "more successes than its target"
+    at_either = {f"{100 * r['successes_cut_share']:.0f}" for r in (seed1["time"], time_at_20)}
+    assert len(at_either) == 1 and f"(time alone {at_either.pop()}% at either target)" in flat
