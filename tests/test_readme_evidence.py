@@ -295,7 +295,8 @@ def test_the_first_run_replication_is_the_committed_ablation():
     report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
     arms = {arm["arm"]: arm for arm in report["arms"]}
     readme, docs = _first_run_sections()
-    assert sorted(arms) == ["gated400_collect", "sparse400", "time400_collect"][:len(arms)]  # time alone: optional
+    order = ["sparse400", "gated400_collect", "time400_collect", "later400_probe", "later400_time", "shuffled400"]
+    assert [arm["arm"] for arm in report["arms"]] == order[:len(arms)]  # the script's optional arms come in order
     assert f"{100 * report['sft']['success_rate']:.1f}%" in readme
     sparse, gated = arms["sparse400"], arms["gated400_collect"]
     _assert_gated_row(readme, "| sparse GRPO |", sparse, sparse["real_steps_per_grpo_step"])
@@ -320,6 +321,19 @@ def test_the_first_run_replication_is_the_committed_ablation():
                                 (charged["real_step_ratio"], charged["interval"]),
                                 (probe["real_step_ratio"], probe["real_step_ratio_interval"])):
             assert f"{ratio:.2f}× [{interval['ci95'][0]:.2f}, {interval['ci95'][1]:.2f}]" in flat
+    assert ("| a later run:" in readme) == ("later400_probe" in arms)
+    if "later400_probe" in arms:
+        evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
+        vs_time = {a["arm"]: a for a in summarize_ablation(against(evidence, "later400_time"))["arms"]}
+        flat = " ".join(readme.split())
+        for start, name in (("| a later run: the probe's gate", "later400_probe"),
+                            ("| a later run: time alone's", "later400_time")):
+            _assert_gated_row(readme, start, arms[name], sparse["real_steps_per_grpo_step"])
+            (row,) = [line for line in readme.splitlines() if line.startswith(start)]
+            assert f"| {_difference(arms[name]['vs_first_arm'])} |" in row
+            assert f"cutting {100 * arms[name]['cut_share']:.0f}%" in flat
+        assert f"{arms['later400_probe']['replay_real_steps'][0]:,} real steps, which earlier runs paid" in flat
+        assert f"seed for seed: {_difference(vs_time['later400_probe']['vs_first_arm'])}" in flat
     (row,) = [line for line in readme.splitlines() if line.startswith("| gated, probe, cut rollouts rewarded 0")]
     assert f"| {_difference(gated['vs_first_arm'])} |" in row
     collection = set(gated["replay_real_steps"])
