@@ -347,6 +347,15 @@ def test_the_first_run_replication_is_the_committed_ablation():
     budget = gated["at_budget"]
     flat = " ".join(readme.split())
     assert f"{100 * budget['held_out']['mean']:.1f}% (" in flat and _difference(budget["vs_first_arm"]) in flat
+    headline = " ".join((ROOT / "README.md").read_text().split("**Does the world model save real execution?")[1].split(
+        "Gated execution on task 28")[0].split())
+    low, high = gated["real_step_ratio_interval"]["ci95"]
+    charged = gated["charged_ratio"]
+    assert gated["vs_first_arm"]["ci95"][0] >= -0.05  # "non-inferior", the margin
+    assert (f"{gated['real_step_ratio']:.2f}× [{low:.2f}, {high:.2f}] fewer real steps and ended non-inferior to it "
+            f"({_difference(gated['vs_first_arm'])} points, {len(gated['seeds'])} seeds a side") in headline
+    assert f"{charged['real_step_ratio']:.2f}× [{charged['interval']['ci95'][0]:.2f}, " in headline
+    assert len(sparse["seeds"]) == len(gated["seeds"])
 
 
 def test_the_first_run_replications_offline_gate_is_the_committed_replay():
