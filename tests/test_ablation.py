@@ -258,6 +258,8 @@ def test_the_fixed_cost_comparison_takes_each_seeds_last_checkpoint_within_the_b
     assert result["held_out_per_seed"] == [0.4, 0.7, 0.2]  # the 90% checkpoints cost more than the budget
     assert result["vs_first_arm"]["difference"] == pytest.approx((0.4 + 0.7 + 0.2) / 3 - 0.5)
     assert [s["episodes"] for s in result["vs_first_arm"]["per_seed"]] == [10, 10, 10]
+    charged = within_budget(cells, 160.0, by_state(2), [by_state(5)] * 3, charges=[0.0, 20.0, 0.0])
+    assert charged["steps"] == [5, 5, 0] and charged["held_out_per_seed"] == [0.4, 0.6, 0.2]  # 150 + 20 > 160
 
 
 def test_bad_arm_overrides_are_refused_before_any_work(recipe_path, capsys):
@@ -462,3 +464,9 @@ def test_the_charged_ratio_adds_the_replays_cost_to_the_arms_curve():
     assert c["interval"]["ci95"][1] < before["real_step_ratio_interval"]["ci95"][1]
     assert ("- gated400_zero_long: 10000 real steps per seed before its first GRPO step; sparse400's final reached "
             f"at {c['steps_to_first_arm_final']:.0f}: {c['real_step_ratio']:.2f}x") in ablation_table(report)
+    assert "at_budget_charged" not in before and before["at_budget"] == charged["at_budget"]
+    budget, within = report["budget"]["real_steps"], charged["at_budget_charged"]
+    assert all(s + 10000 <= budget for s in within["real_steps"] if s)  # the replay is spent from the budget
+    assert sum(within["steps"]) < sum(charged["at_budget"]["steps"])  # so some seeds stop at an earlier checkpoint
+    assert f"| gated400_zero_long, replays charged | {', '.join(str(s) for s in within['steps'])} |" in \
+        ablation_table(report)
