@@ -15,9 +15,10 @@
 #     none), all run in the first pass
 #   later400_probe: gated400_collect as a later run on the task would start it: the gate's replay the collection
 #     and sparse400 seeds 5-9's 1,120 executed episodes (earlier runs; charged in `ablate`'s charged ratio), cutting
-#     from step 32 at a wrong-cut rate of 0.1 (offline on sparse seed 0 the probe cut 10% of successes for 2.57x
-#     fewer real steps, time alone 14% for 2.33x: docs/gate_report_task28_cap400_fresh_later_rates_seed0.json).
-#     Seeds $LATER_SEEDS (a list as TIME_SEEDS), once sparse400 seeds 5-9 have finished
+#     from step 32 at a wrong-cut rate of 0.1 (offline, fit on the collection and seeds 2-4, on sparse seeds 0 and 1
+#     the probe cut 10% and 18% of successes for 2.57x and 2.62x fewer real steps, time alone 5% and 8% for 2.04x and
+#     2.25x: docs/gate_report_task28_cap400_fresh_later_rate01_seed{0,1}.json). Seeds $LATER_SEEDS (a list as
+#     TIME_SEEDS); refused until sparse400 seeds 5-9 have finished (a running cell's replay is partly written)
 #   later400_time: later400_probe with time alone as the predictor, the same seeds
 #   shuffled400: sparse400 with rewards deranged within groups, the control that must not help; seeds
 #     $SHUFFLED_SEEDS (a list as TIME_SEEDS)
@@ -41,6 +42,12 @@ LATER="gate.min_steps=32, gate.wrong_cut_rate=0.1, \
 TIME_SEEDS=${TIME_SEEDS:-}
 LATER_SEEDS=${LATER_SEEDS:-}
 SHUFFLED_SEEDS=${SHUFFLED_SEEDS:-}
+for s in 5 6 7 8 9; do
+  if [ -n "$LATER_SEEDS" ] && [ ! -f "$R/ablation/sparse400/seed$s/cell.json" ]; then
+    echo "LATER_SEEDS: the later arms read sparse400 seed $s's episodes, and that cell has not finished" >&2
+    exit 2
+  fi
+done
 if { [ -n "$LATER_SEEDS" ] && [ -z "$TIME_SEEDS" ]; } || { [ -n "$SHUFFLED_SEEDS" ] && [ -z "$LATER_SEEDS" ]; }; then
   echo "LATER_SEEDS needs TIME_SEEDS, SHUFFLED_SEEDS needs LATER_SEEDS: the arms' order sets their GRPO seeds" >&2
   exit 2

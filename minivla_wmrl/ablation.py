@@ -556,7 +556,7 @@ def summarize_ablation(evidence: dict) -> dict:
             first_charge = float(np.mean(arms[0]["replay_real_steps"]))
             entry["charged_ratio"] = {
                 "steps_to_first_arm_final": None if needs is None else needs + charge,
-                "real_step_ratio": (None if needs is None or first_needs is None
+                "real_step_ratio": (None if needs is None or first_needs is None or needs + charge == 0
                                     else (first_needs + first_charge) / (needs + charge)),
                 "interval": real_step_ratio_interval(arms[0]["seed_curves"], entry["seed_curves"], sft_success,
                                                      charges=entry["replay_real_steps"],

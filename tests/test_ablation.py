@@ -442,6 +442,26 @@ def test_a_gated_cell_is_charged_the_real_steps_of_the_episodes_its_gate_started
         gate_replay_real_steps(cell)
 
 
+def test_a_first_arm_final_at_or_below_sft_leaves_no_ratio_even_charged():
+    """Where the first arm ends no higher than SFT, every arm 'reaches' it at 0 steps: no ratio, charged or not, for
+    an arm with nothing charged (it was a division by zero `--against` a weak gated arm, whose replay is charged)."""
+    from minivla_wmrl.ablation import evidence_from_json, summarize_ablation
+
+    evidence = evidence_from_json(Path(__file__).resolve().parent.parent / "docs" / "ablation_rl_cpu_t28_cap400.json")
+    for cell in evidence["arms"][0]["cells"]:
+        cell["replay_real_steps"] = 5000
+        final = cell["evaluations"][-1]
+        final["episodes"] = [row[:-1] + [0] for row in final["episodes"]]
+        final["success"]["success_rate"] = 0.0
+    for cell in next(a for a in evidence["arms"] if a["arm"] == "gated400_zero_long")["cells"]:
+        cell["replay_real_steps"] = 10000
+    arms = {a["arm"]: a for a in summarize_ablation(evidence)["arms"]}
+    assert arms["gated400"]["steps_to_first_arm_final"] == 0.0 and arms["gated400"]["real_step_ratio"] is None
+    assert arms["gated400"]["charged_ratio"]["real_step_ratio"] is None
+    charged = arms["gated400_zero_long"]["charged_ratio"]
+    assert charged["steps_to_first_arm_final"] == 10000 and charged["real_step_ratio"] == pytest.approx(0.5)
+
+
 def test_the_charged_ratio_adds_the_replays_cost_to_the_arms_curve():
     """On the committed cap-400 evidence: charging the gated arm's seeds a planted replay cost moves its steps to
     sparse's final by exactly that cost, lowers the ratio and its interval; uncharged figures are unchanged."""
