@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--min-steps", nargs="+", type=int, default=[32])
     gate.add_argument("--patience", nargs="+", type=int, default=[2])
     gate.add_argument("--wrong-cut-rate", nargs="+", type=float, default=[0.05])
+    gate.add_argument("--threshold-rule", nargs="+", default=["quantile"], choices=["quantile", "conformal"],
+                      help="as gate.threshold_rule")
     gate.add_argument("--min-per-outcome", type=int, default=4, help="successes and failures among the recent "
                       "anchors before any cut, as gate.min_per_outcome")
     gate.add_argument("--warm-start", action="store_true", help="calibrate the gate on the --replay episodes "

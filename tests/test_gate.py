@@ -42,6 +42,29 @@ def test_the_threshold_cuts_at_most_the_target_share_of_recent_successes():
     assert not gate.active and "below the floor" in gate.reason
 
 
+def test_the_conformal_rule_bounds_the_share_of_new_successes_cut_where_the_quantile_exceeds_it():
+    """Windows of 20 successes and 20 failures, then one more success from the same distribution: over many
+    draws the quantile threshold cuts it more often than the target (3/21), the conformal one at most as
+    often (2/21); below 1/rate - 1 successes the conformal gate does not cut at all."""
+    rng = np.random.default_rng(0)
+    rate, n, draws = 0.1, 20, 4000
+    cut = {"quantile": 0, "conformal": 0}
+    for _ in range(draws):
+        successes, failures, new = rng.uniform(0.2, 1.0, n), rng.uniform(0.0, 0.5, n), rng.uniform(0.2, 1.0)
+        outcomes = np.r_[np.ones(n, bool), np.zeros(n, bool)]
+        for rule in cut:
+            gate = Gate(GateConfig(wrong_cut_rate=rate, window=2 * n, auroc_floor=0.5, threshold_rule=rule))
+            gate.observe(np.r_[successes, failures], outcomes, np.full(2 * n, np.nan))
+            cut[rule] += gate.active and new < gate.threshold
+    error = 3 * np.sqrt(rate * (1 - rate) / draws)
+    assert cut["quantile"] / draws > rate + error and abs(cut["quantile"] / draws - 3 / 21) < error
+    assert cut["conformal"] / draws <= rate and abs(cut["conformal"] / draws - 2 / 21) < error
+
+    gate = Gate(GateConfig(wrong_cut_rate=rate, window=16, min_per_outcome=4, threshold_rule="conformal"))
+    gate.observe(np.r_[rng.uniform(0.5, 1.0, 8), rng.uniform(0.0, 0.2, 8)], np.arange(16) < 8, np.full(16, np.nan))
+    assert not gate.active and "too few to bound the wrong-cut rate" in gate.reason  # 8 < 1/0.1 - 1
+
+
 def test_the_gate_stops_cutting_when_its_predictor_degrades_and_restores_from_its_state():
     rng = np.random.default_rng(1)
     config = GateConfig(window=40, min_per_outcome=4, auroc_floor=0.7)

@@ -117,14 +117,18 @@ def test_the_gate_report_command_prints_and_writes_every_setting(tmp_path, capsy
     write_replay(tmp_path / "wm" / "collect.hdf5", rollouts(6, 40), "collect")
     assert cli(["gate-report", str(tmp_path / "run"), "--replay", str(tmp_path / "wm"), "--predictor", "time", "oracle",
                 "--min-steps", "16", "32", "--wrong-cut-rate", "0.1", "--min-per-outcome", "3",
-                "--time-scale", str(CAP), "--json", str(tmp_path / "report.json")]) == 0
+                "--threshold-rule", "quantile", "conformal", "--time-scale", str(CAP),
+                "--json", str(tmp_path / "report.json")]) == 0
     out = capsys.readouterr().out
     assert "3 steps, 48 rollouts" in out and "| time | 16 | 2 | 0.1 |" in out and "| time | 32 | 2 | 0.1 |" in out
+    assert "| time, conformal | 16 | 2 | 0.1 |" in out and "| time, conformal | 32 | 2 | 0.1 |" in out
     assert "| oracle | 16 | 1 | 0.0 |" in out and "| oracle | 32 | 1 | 0.0 |" in out
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["extra"] == 40
-    assert [(r["gate"]["predictor"], r["gate"]["min_steps"]) for r in report["reports"]] == [
-        ("oracle", 16), ("oracle", 32), ("time", 16), ("time", 32)]
+    assert [(r["gate"]["predictor"], r["gate"]["min_steps"], r["gate"].get("threshold_rule"))
+            for r in report["reports"]] == [("oracle", 16, None), ("oracle", 32, None), ("time", 16, "quantile"),
+                                            ("time", 16, "conformal"), ("time", 32, "quantile"),
+                                            ("time", 32, "conformal")]
     assert {r["gate"]["min_per_outcome"] for r in report["reports"][2:]} == {3}
     assert cli(["gate-report", str(tmp_path / "wm")]) == 1
     assert "no step_*.hdf5 replay files" in capsys.readouterr().err

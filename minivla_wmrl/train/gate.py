@@ -54,6 +54,11 @@ class GateConfig:
     min_steps: Annotated[int, Range(1)] = 32  # no cut before this many env steps
     patience: Annotated[int, Range(1)] = 2  # chunks in a row the prediction must stay below the threshold
     wrong_cut_rate: Annotated[float, Range(0, 1)] = 0.05  # target share of successes the rule cuts
+    # how the threshold is read off the n recent successful anchors' cut statistics: `quantile`, the
+    # floor(rate·n)+1-th lowest, cuts about (floor(rate·n)+1)/(n+1) of new successes (14% at a rate of 0.1
+    # and n = 20); `conformal`, the floor(rate·(n+1))-th lowest, at most the rate for a success exchangeable
+    # with them (split conformal), and no cuts while n < 1/rate - 1
+    threshold_rule: Literal["quantile", "conformal"] = "quantile"
     auroc_floor: Annotated[float, Range(0, 1)] = 0.7  # below it (recent anchors, still running at min_steps): no cuts
     window: Annotated[int, Range(2)] = 64  # recent anchors that set the threshold and judge the predictor
     min_per_outcome: Annotated[int, Range(1)] = 4  # successes and failures among them before any cut
@@ -191,8 +196,16 @@ class Gate:
             self.active, self.reason = False, (f"{int(y.sum())} successes and {int((~y).sum())} failures among the "
                                                f"recent anchors; cutting needs {c.min_per_outcome} of each")
             return
-        success_stats = np.sort(stats[y])
-        self.threshold = float(min(success_stats[int(np.floor(c.wrong_cut_rate * len(success_stats)))], 1.0))
+        success_stats, n = np.sort(stats[y]), int(y.sum())
+        if c.threshold_rule == "conformal":
+            rank = int(np.floor(c.wrong_cut_rate * (n + 1)))  # the rank-th lowest, counted from 1
+            if rank == 0:
+                self.active, self.reason = False, (f"{n} successes among the recent anchors: too few to bound the "
+                                                   f"wrong-cut rate at {c.wrong_cut_rate}")
+                return
+            self.threshold = float(min(success_stats[rank - 1], 1.0))
+        else:
+            self.threshold = float(min(success_stats[int(np.floor(c.wrong_cut_rate * n))], 1.0))
         judged = np.isfinite(stats)  # still running at min_steps: what the predictor must rank
         self.quality = auroc(stats[judged], y[judged]) if y[judged].sum() >= c.min_per_outcome else float("nan")
         if self.quality < c.auroc_floor:  # NaN (too few judged successes) compares False: the threshold guards

@@ -143,7 +143,8 @@ def report_table(reports: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         g, t = r["gate"], r["total"]
-        predictor = g["predictor"] + (", warm start" if g.get("warm_start") else "")
+        predictor = (g["predictor"] + (", warm start" if g.get("warm_start") else "")
+                     + (", conformal" if g.get("threshold_rule") == "conformal" else ""))
         beyond = t.get("gate_auroc_beyond_time")  # the oracle has no gate to read
         lines.append(f"| {predictor} | {g['min_steps']} | {g['patience']} | {g['wrong_cut_rate']} | "
                      f"{t['first_cutting_step'] or '-'} | {t['cut']} | {t['successes_cut']} of "
@@ -170,10 +171,11 @@ def main(args) -> None:
     reports = [replay_oracle(steps, min_steps, args.group_size, args.anchor_fraction, args.seed)
                for min_steps in args.min_steps if "oracle" in args.predictor]
     predictors = [p for p in args.predictor if p != "oracle"]
-    for predictor, min_steps, patience, rate in itertools.product(predictors, args.min_steps, args.patience,
-                                                                  args.wrong_cut_rate):
+    for predictor, min_steps, patience, rate, rule in itertools.product(predictors, args.min_steps, args.patience,
+                                                                        args.wrong_cut_rate, args.threshold_rule):
         config = replace(GateConfig(), predictor=predictor, min_steps=min_steps, patience=patience,
-                         wrong_cut_rate=rate, min_per_outcome=args.min_per_outcome, warm_start=args.warm_start)
+                         wrong_cut_rate=rate, threshold_rule=rule, min_per_outcome=args.min_per_outcome,
+                         warm_start=args.warm_start)
         check_config(config, "gate-report's gate")
         reports.append(replay_gate(steps, config, extra, args.group_size, args.anchor_fraction, args.time_scale,
                                    args.seed))
