@@ -14,6 +14,8 @@
 #    docs/gate_report_task28_cap400_fresh_later_rates_seed0.json.
 # 5. The later-run gate as experiments/gated28_cap400_fresh.sh's later arms run it (from step 32, wrong-cut rate 0.1), time alone
 #    and the probe, on seeds 0 and 1: docs/gate_report_task28_cap400_fresh_later_rate01_seed{0,1}.json.
+# 6. The same with gate.threshold_rule conformal (the threshold bounds the share of new successes cut):
+#    docs/gate_report_task28_cap400_fresh_later_conformal_seed{0,1}.json.
 set -e
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
@@ -44,4 +46,9 @@ for s in 0 1; do
   minivla-wmrl gate-report $R/seed$s/replay --replay runs/rl_cpu_t28_fresh/wm/replay $R/seed{2,3,4}/replay \
     --warm-start --predictor time proprio --min-steps 32 --patience 1 --wrong-cut-rate 0.1 \
     --time-scale 400 --json docs/gate_report_task28_cap400_fresh_later_rate01_seed$s.json
+done
+for s in 0 1; do
+  minivla-wmrl gate-report $R/seed$s/replay --replay runs/rl_cpu_t28_fresh/wm/replay $R/seed{2,3,4}/replay \
+    --warm-start --predictor time proprio --min-steps 32 --patience 1 --wrong-cut-rate 0.1 --threshold-rule conformal \
+    --time-scale 400 --json docs/gate_report_task28_cap400_fresh_later_conformal_seed$s.json
 done

@@ -454,5 +454,14 @@ def test_the_later_run_gate_and_the_anchor_ceiling_are_the_committed_replays():
     time_at_20 = totals[("time", 32)][1]
     assert seed1["proprio"]["successes_cut_share"] > 0.1  # "more successes than its target"
     assert seed1["proprio"]["saving"] > max(seed1["time"]["saving"], time_at_20["saving"])  # "its larger saving"
+    conformal = [{r["gate"]["predictor"]: r["total"] for r in load("later_conformal", seed)["reports"]}
+                 for seed in (0, 1)]
+    assert all(r["gate"]["threshold_rule"] == "conformal" and r["gate"]["wrong_cut_rate"] == 0.1
+               for seed in (0, 1) for r in load("later_conformal", seed)["reports"])
+    for predictor, lead in (("proprio", "the probe cut "), ("time", "and time alone ")):
+        shares = " and ".join(f"{100 * by[predictor]['successes_cut_share']:.0f}%" for by in conformal)
+        savings = " and ".join(f"{by[predictor]['saving']:.2f}×" for by in conformal)
+        assert f"{lead}{shares} {'of the successes ' if predictor == 'proprio' else ''}for {savings}" in flat
+    assert all(by["proprio"]["successes_cut_share"] <= 0.1 for by in conformal)  # "on target on both seeds"
     at_either = {f"{100 * r['successes_cut_share']:.0f}" for r in (seed1["time"], time_at_20)}
     assert len(at_either) == 1 and f"(time alone {at_either.pop()}% at either target)" in flat
