@@ -63,6 +63,10 @@ def test_the_conformal_rule_bounds_the_share_of_new_successes_cut_where_the_quan
     gate = Gate(GateConfig(wrong_cut_rate=rate, window=16, min_per_outcome=4, threshold_rule="conformal"))
     gate.observe(np.r_[rng.uniform(0.5, 1.0, 8), rng.uniform(0.0, 0.2, 8)], np.arange(16) < 8, np.full(16, np.nan))
     assert not gate.active and "too few to bound the wrong-cut rate" in gate.reason  # 8 < 1/0.1 - 1
+    for rule in ("quantile", "conformal"):  # a rate of 1: the threshold is the highest success statistic
+        gate = Gate(GateConfig(wrong_cut_rate=1.0, window=16, threshold_rule=rule))
+        gate.observe(np.r_[np.linspace(0.5, 0.9, 8), np.zeros(8)], np.arange(16) < 8, np.full(16, np.nan))
+        assert gate.threshold == pytest.approx(0.9)
 
 
 def test_the_gate_stops_cutting_when_its_predictor_degrades_and_restores_from_its_state():

@@ -196,18 +196,17 @@ class Gate:
             self.active, self.reason = False, (f"{int(y.sum())} successes and {int((~y).sum())} failures among the "
                                                f"recent anchors; cutting needs {c.min_per_outcome} of each")
             return
-        success_stats, n = np.sort(stats[y]), int(y.sum())
-        if c.threshold_rule == "conformal":
-            rank = int(np.floor(c.wrong_cut_rate * (n + 1)))  # the rank-th lowest, counted from 1
-            if rank == 0:
-                self.active, self.reason = False, (f"{n} successes among the recent anchors: too few to bound the "
-                                                   f"wrong-cut rate at {c.wrong_cut_rate}")
-                return
-            self.threshold = float(min(success_stats[rank - 1], 1.0))
-        else:
-            self.threshold = float(min(success_stats[int(np.floor(c.wrong_cut_rate * n))], 1.0))
         judged = np.isfinite(stats)  # still running at min_steps: what the predictor must rank
         self.quality = auroc(stats[judged], y[judged]) if y[judged].sum() >= c.min_per_outcome else float("nan")
+        n = int(y.sum())
+        # the threshold: the rank-th lowest success statistic
+        rank = (int(np.floor(c.wrong_cut_rate * (n + 1))) if c.threshold_rule == "conformal"
+                else int(np.floor(c.wrong_cut_rate * n)) + 1)
+        if rank == 0:
+            self.active, self.reason = False, (f"{n} successes among the recent anchors: too few to bound the "
+                                               f"wrong-cut rate at {c.wrong_cut_rate}")
+            return
+        self.threshold = float(min(np.sort(stats[y])[min(rank, n) - 1], 1.0))
         if self.quality < c.auroc_floor:  # NaN (too few judged successes) compares False: the threshold guards
             self.active, self.reason = False, (f"predictor AUROC {self.quality:.2f} on the recent anchors is below the "
                                                f"floor {c.auroc_floor}")
