@@ -540,6 +540,7 @@ def summarize_ablation(evidence: dict) -> dict:
     sft_success = evidence["sft"]["overall"]["success_rate"]
     target = arms[0]["curve"][-1]["success"]["mean"]  # the first arm's final held-out success
     first_needs, _ = steps_to_reach(arms[0]["curve"], sft_success, target)
+    first_charge = float(np.mean(arms[0]["replay_real_steps"]))  # the first arm's gate replay, when charged
     for entry in arms:
         if evidence.get("final_only", False):  # one point per seed: a straight line from SFT would be no measurement
             entry.update(steps_to_first_arm_final=None, steps_interpolated=False, real_step_ratio=None,
@@ -553,7 +554,6 @@ def summarize_ablation(evidence: dict) -> dict:
         # the same, each gate's replay charged to its arm, the first arm's included (as a first run pays)
         if any(entry["replay_real_steps"]) or any(arms[0]["replay_real_steps"]):
             charge = float(np.mean(entry["replay_real_steps"]))
-            first_charge = float(np.mean(arms[0]["replay_real_steps"]))
             entry["charged_ratio"] = {
                 "steps_to_first_arm_final": None if needs is None else needs + charge,
                 "real_step_ratio": (None if needs is None or first_needs is None or needs + charge == 0
@@ -572,7 +572,6 @@ def summarize_ablation(evidence: dict) -> dict:
         budget = arms[0]["real_steps"]["mean"] / ratio
         report["budget"] = {"ratio": ratio, "real_steps": budget}
         # charged: the budget grows by the first arm's replay and each seed's own replay is spent before step 1
-        first_charge = float(np.mean(arms[0]["replay_real_steps"]))
         for entry, cells in zip(arms[1:], [e["cells"] for e in evidence["arms"][1:]]):
             entry["at_budget"] = within_budget(cells, budget, sft, finals[first])
             if "charged_ratio" in entry:
