@@ -22,8 +22,12 @@
 #   later400_time: later400_probe with time alone as the predictor, the same seeds
 #   shuffled400: sparse400 with rewards deranged within groups, the control that must not help; seeds
 #     $SHUFFLED_SEEDS (a list as TIME_SEEDS)
-# An optional arm needs every optional arm before it (TIME_SEEDS, LATER_SEEDS, SHUFFLED_SEEDS), so that each arm
-# keeps its place and GRPO seeds.
+#   later400_conformal: later400_probe with gate.threshold_rule=conformal, which held the 10% target offline where
+#     the default overshot (probe: 7% and 10% of successes cut for 2.51x and 2.49x fewer real steps against the
+#     quantile rule's 10% and 18%: docs/gate_report_task28_cap400_fresh_later_conformal_seed{0,1}.json); seeds
+#     $CONFORMAL_SEEDS (a list as TIME_SEEDS)
+# An optional arm needs every optional arm before it (TIME_SEEDS, LATER_SEEDS, SHUFFLED_SEEDS, CONFORMAL_SEEDS), so
+# that each arm keeps its place and GRPO seeds.
 # Seeds 0..N-1 (N: SEEDS, default 10) of sparse400 and gated400_collect run a seed of each at a time (both at
 # once: --parallel 2), so a stop leaves those two arms with equal seeds; held out as the recipe's (states 25-49
 # x 2 samples, cap 120) every 5 steps. FIRST (default 1) starts the passes at seeds 0..FIRST-1, e.g. FIRST=5 to run
@@ -37,19 +41,23 @@ R=runs/rl_cpu_t28_fresh
 CAP="grpo.max_real_steps=400, grpo.queries_per_rollout=50, grpo.save_every=5"
 GATE="grpo.execution=gated, grpo.anchor_fraction=0.25, gate.min_steps=24, gate.patience=1, gate.wrong_cut_rate=0.2, \
 gate.warm_start=true, gate.predictor=proprio, gate.cut_reward=failure"
+EARLIER_SEEDS="5 6 7 8 9"  # the sparse400 seeds whose executed episodes a later run's gate reads
 LATER="gate.min_steps=32, gate.wrong_cut_rate=0.1, \
-'gate.replay=[$R/wm/replay, $(for s in 5 6 7 8 9; do echo -n "$R/ablation/sparse400/seed$s/replay, "; done | sed 's/, $//')]'"
+'gate.replay=[$R/wm/replay, $(for s in $EARLIER_SEEDS; do echo -n "$R/ablation/sparse400/seed$s/replay, "; done | sed 's/, $//')]'"
 TIME_SEEDS=${TIME_SEEDS:-}
 LATER_SEEDS=${LATER_SEEDS:-}
 SHUFFLED_SEEDS=${SHUFFLED_SEEDS:-}
-for s in 5 6 7 8 9; do
+CONFORMAL_SEEDS=${CONFORMAL_SEEDS:-}
+for s in $EARLIER_SEEDS; do
   if [ -n "$LATER_SEEDS" ] && [ ! -f "$R/ablation/sparse400/seed$s/cell.json" ]; then
     echo "LATER_SEEDS: the later arms read sparse400 seed $s's episodes, and that cell has not finished" >&2
     exit 2
   fi
 done
-if { [ -n "$LATER_SEEDS" ] && [ -z "$TIME_SEEDS" ]; } || { [ -n "$SHUFFLED_SEEDS" ] && [ -z "$LATER_SEEDS" ]; }; then
-  echo "LATER_SEEDS needs TIME_SEEDS, SHUFFLED_SEEDS needs LATER_SEEDS: the arms' order sets their GRPO seeds" >&2
+if { [ -n "$LATER_SEEDS" ] && [ -z "$TIME_SEEDS" ]; } || { [ -n "$SHUFFLED_SEEDS" ] && [ -z "$LATER_SEEDS" ]; } \
+   || { [ -n "$CONFORMAL_SEEDS" ] && [ -z "$SHUFFLED_SEEDS" ]; }; then
+  echo "LATER_SEEDS needs TIME_SEEDS, SHUFFLED_SEEDS needs LATER_SEEDS, CONFORMAL_SEEDS needs SHUFFLED_SEEDS:" \
+    "the arms' order sets their GRPO seeds" >&2
   exit 2
 fi
 for n in $(seq "${FIRST:-1}" "${SEEDS:-10}"); do
@@ -65,6 +73,10 @@ for n in $(seq "${FIRST:-1}" "${SEEDS:-10}"); do
   fi
   if [ -n "$SHUFFLED_SEEDS" ]; then
     ARMS="$ARMS, {name: shuffled400, seeds: $SHUFFLED_SEEDS, overrides: [$CAP, grpo.shuffle_rewards=true]}"
+  fi
+  if [ -n "$CONFORMAL_SEEDS" ]; then
+    ARMS="$ARMS, {name: later400_conformal, seeds: $CONFORMAL_SEEDS, \
+overrides: [$CAP, $GATE, $LATER, gate.threshold_rule=conformal, grpo.steps=28]}"
   fi
   minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' \
     wm.collect.episodes_per_task=48 wm.collect.max_steps=400 ablation.eval_every=5 "ablation.arms=[$ARMS]" \
