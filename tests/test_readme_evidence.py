@@ -333,7 +333,15 @@ def test_the_first_run_replication_is_the_committed_ablation():
             assert f"| {_difference(arms[name]['vs_first_arm'])} |" in row
             assert f"cutting {100 * arms[name]['cut_share']:.0f}%" in flat
         assert f"{arms['later400_probe']['replay_real_steps'][0]:,} real steps, which earlier runs paid" in flat
-        assert f"seed for seed: {_difference(vs_time['later400_probe']['vs_first_arm'])}" in flat
+        later = [arms[name] for name in ("later400_probe", "later400_time")]
+        assert later[0]["seeds"] == later[1]["seeds"]  # paired seed for seed
+        paired = ", ".join(f"{100 * (a - b):+.0f}".replace("-", "−")
+                           for a, b in zip(later[0]["held_out_per_seed"], later[1]["held_out_per_seed"]))
+        assert (f"seed for seed: {paired} points at the end, {_difference(vs_time['later400_probe']['vs_first_arm'])} "
+                "seed level") in flat
+        for arm in later:
+            at_budget = arm["at_budget"]
+            assert f"{100 * at_budget['held_out']['mean']:.1f}%, {_difference(at_budget['vs_first_arm'])}" in flat
     (row,) = [line for line in readme.splitlines() if line.startswith("| gated, probe, cut rollouts rewarded 0")]
     assert f"| {_difference(gated['vs_first_arm'])} |" in row
     collection = set(gated["replay_real_steps"])
@@ -365,6 +373,9 @@ def test_the_first_run_replication_is_the_committed_ablation():
     if "time400_collect" in arms:  # `probe`: the probe's gate against time alone's, above
         assert (f"on time alone ({len(arms['time400_collect']['seeds'])} seeds: {_difference(probe['vs_first_arm'])} "
                 "points)") in headline
+    if "later400_probe" in arms:  # `vs_time`: against later400_time, above
+        assert (f"later run whose gate read five earlier runs' episodes ({len(arms['later400_probe']['seeds'])} seeds: "
+                f"{_difference(vs_time['later400_probe']['vs_first_arm'])} points)") in headline
 
 
 def test_the_first_run_replications_offline_gate_is_the_committed_replay():
