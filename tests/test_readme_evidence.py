@@ -295,7 +295,8 @@ def test_the_first_run_replication_is_the_committed_ablation():
     report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
     arms = {arm["arm"]: arm for arm in report["arms"]}
     readme, docs = _first_run_sections()
-    order = ["sparse400", "gated400_collect", "time400_collect", "later400_probe", "later400_time", "shuffled400"]
+    order = ["sparse400", "gated400_collect", "time400_collect", "later400_probe", "later400_time", "shuffled400",
+             "later400_conformal"]
     assert [arm["arm"] for arm in report["arms"]] == order[:len(arms)]  # the script's optional arms come in order
     assert f"{100 * report['sft']['success_rate']:.1f}%" in readme
     sparse, gated = arms["sparse400"], arms["gated400_collect"]
@@ -326,7 +327,7 @@ def test_the_first_run_replication_is_the_committed_ablation():
         evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
         vs_time = {a["arm"]: a for a in summarize_ablation(against(evidence, "later400_time"))["arms"]}
         flat = " ".join(readme.split())
-        for start, name in (("| a later run: the probe's gate", "later400_probe"),
+        for start, name in (("| a later run: the probe's gate, replay", "later400_probe"),
                             ("| a later run: time alone's", "later400_time")):
             _assert_gated_row(readme, start, arms[name], sparse["real_steps_per_grpo_step"])
             (row,) = [line for line in readme.splitlines() if line.startswith(start)]
@@ -342,6 +343,11 @@ def test_the_first_run_replication_is_the_committed_ablation():
         for arm in later:
             at_budget = arm["at_budget"]
             assert f"{100 * at_budget['held_out']['mean']:.1f}%, {_difference(at_budget['vs_first_arm'])}" in flat
+    for start, name in (("| the control that must not help", "shuffled400"),
+                        ("| a later run: the probe's gate, conformal", "later400_conformal")):
+        assert (start in readme) == (name in arms), name
+        if name in arms:
+            _assert_gated_row(readme, start, arms[name], sparse["real_steps_per_grpo_step"])
     (row,) = [line for line in readme.splitlines() if line.startswith("| gated, probe, cut rollouts rewarded 0")]
     assert f"| {_difference(gated['vs_first_arm'])} |" in row
     collection = set(gated["replay_real_steps"])
