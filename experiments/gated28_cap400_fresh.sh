@@ -26,7 +26,13 @@
 #     the default overshot (probe: 7% and 10% of successes cut for 2.51x and 2.49x fewer real steps against the
 #     quantile rule's 10% and 18%: docs/gate_report_task28_cap400_fresh_later_conformal_seed{0,1}.json); seeds
 #     $CONFORMAL_SEEDS (a list as TIME_SEEDS)
-# An optional arm needs every optional arm before it (TIME_SEEDS, LATER_SEEDS, SHUFFLED_SEEDS, CONFORMAL_SEEDS), so
+#   truncated400: today's fixed-horizon truncation at this cap (reward_mode dense_calib; 1 rollout in 4 runs to its
+#     end, the others stop at step 80 unless they end first, the wm stage's progress model, calibrated on the anchors,
+#     scoring the cut prefixes; 28 GRPO steps). Horizon 80: on sparse400 seeds 0-9's 2,240 episodes it runs 2.25x
+#     fewer real steps than full execution (the gated arm: 2.29x per GRPO step), and 88% of successes end within it,
+#     keeping their real outcome. Seeds $TRUNC_SEEDS (a list as TIME_SEEDS)
+# An optional arm needs every optional arm before it (TIME_SEEDS, LATER_SEEDS, SHUFFLED_SEEDS, CONFORMAL_SEEDS,
+# TRUNC_SEEDS), so
 # that each arm keeps its place and GRPO seeds.
 # Seeds 0..N-1 (N: SEEDS, default 10) of sparse400 and gated400_collect run a seed of each at a time (both at
 # once: --parallel 2), so a stop leaves those two arms with equal seeds; held out as the recipe's (states 25-49
@@ -48,6 +54,7 @@ TIME_SEEDS=${TIME_SEEDS:-}
 LATER_SEEDS=${LATER_SEEDS:-}
 SHUFFLED_SEEDS=${SHUFFLED_SEEDS:-}
 CONFORMAL_SEEDS=${CONFORMAL_SEEDS:-}
+TRUNC_SEEDS=${TRUNC_SEEDS:-}
 for s in $EARLIER_SEEDS; do
   if [ -n "$LATER_SEEDS" ] && [ ! -f "$R/ablation/sparse400/seed$s/cell.json" ]; then
     echo "LATER_SEEDS: the later arms read sparse400 seed $s's episodes, and that cell has not finished" >&2
@@ -55,8 +62,10 @@ for s in $EARLIER_SEEDS; do
   fi
 done
 if { [ -n "$LATER_SEEDS" ] && [ -z "$TIME_SEEDS" ]; } || { [ -n "$SHUFFLED_SEEDS" ] && [ -z "$LATER_SEEDS" ]; } \
-   || { [ -n "$CONFORMAL_SEEDS" ] && [ -z "$SHUFFLED_SEEDS" ]; }; then
-  echo "LATER_SEEDS needs TIME_SEEDS, SHUFFLED_SEEDS needs LATER_SEEDS, CONFORMAL_SEEDS needs SHUFFLED_SEEDS:" \
+   || { [ -n "$CONFORMAL_SEEDS" ] && [ -z "$SHUFFLED_SEEDS" ]; } \
+   || { [ -n "$TRUNC_SEEDS" ] && [ -z "$CONFORMAL_SEEDS" ]; }; then
+  echo "LATER_SEEDS needs TIME_SEEDS, SHUFFLED_SEEDS needs LATER_SEEDS, CONFORMAL_SEEDS needs SHUFFLED_SEEDS," \
+    "TRUNC_SEEDS needs CONFORMAL_SEEDS:" \
     "the arms' order sets their GRPO seeds" >&2
   exit 2
 fi
@@ -77,6 +86,11 @@ for n in $(seq "${FIRST:-1}" "${SEEDS:-10}"); do
   if [ -n "$CONFORMAL_SEEDS" ]; then
     ARMS="$ARMS, {name: later400_conformal, seeds: $CONFORMAL_SEEDS, \
 overrides: [$CAP, $GATE, $LATER, gate.threshold_rule=conformal, grpo.steps=28]}"
+  fi
+  if [ -n "$TRUNC_SEEDS" ]; then
+    ARMS="$ARMS, {name: truncated400, seeds: $TRUNC_SEEDS, overrides: [$CAP, grpo.reward_mode=dense_calib, \
+grpo.execution=truncated, grpo.anchor_fraction=0.25, grpo.wm_horizon=80, grpo.wm_reduction=success, \
+world_model.train.prefix_target=final, grpo.steps=28]}"
   fi
   minivla-wmrl ablate recipes/rl_cpu.yaml out=$R 'tasks=["28"]' 'demos.tasks=["28"]' \
     wm.collect.episodes_per_task=48 wm.collect.max_steps=400 ablation.eval_every=5 "ablation.arms=[$ARMS]" \

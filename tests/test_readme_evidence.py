@@ -296,7 +296,7 @@ def test_the_first_run_replication_is_the_committed_ablation():
     arms = {arm["arm"]: arm for arm in report["arms"]}
     readme, docs = _first_run_sections()
     order = ["sparse400", "gated400_collect", "time400_collect", "later400_probe", "later400_time", "shuffled400",
-             "later400_conformal"]
+             "later400_conformal", "truncated400"]
     assert [arm["arm"] for arm in report["arms"]] == order[:len(arms)]  # the script's optional arms come in order
     assert f"{100 * report['sft']['success_rate']:.1f}%" in readme
     sparse, gated = arms["sparse400"], arms["gated400_collect"]
@@ -344,10 +344,22 @@ def test_the_first_run_replication_is_the_committed_ablation():
             at_budget = arm["at_budget"]
             assert f"{100 * at_budget['held_out']['mean']:.1f}%, {_difference(at_budget['vs_first_arm'])}" in flat
     for start, name in (("| the control that must not help", "shuffled400"),
-                        ("| a later run: the probe's gate, conformal", "later400_conformal")):
+                        ("| a later run: the probe's gate, conformal", "later400_conformal"),
+                        ("| fixed-horizon truncation", "truncated400")):
         assert (start in readme) == (name in arms), name
         if name in arms:
             _assert_gated_row(readme, start, arms[name], sparse["real_steps_per_grpo_step"])
+    if "truncated400" in arms:
+        truncated = arms["truncated400"]
+        assert truncated["seeds"] == gated["seeds"][:len(truncated["seeds"])]  # paired below seed for seed
+        paired = ", ".join(f"{100 * (a - b):+.0f}".replace("-", "−") for a, b in
+                           zip(gated["held_out_per_seed"], truncated["held_out_per_seed"]))
+        line = f"The probe's gate against it, seed for seed: {paired} points at the end"
+        if len(truncated["seeds"]) > 1:
+            evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
+            vs_truncated = {a["arm"]: a for a in summarize_ablation(against(evidence, "truncated400"))["arms"]}
+            line += f", {_difference(vs_truncated['gated400_collect']['vs_first_arm'])} seed level"
+        assert line in " ".join(readme.split())
     (row,) = [line for line in readme.splitlines() if line.startswith("| gated, probe, cut rollouts rewarded 0")]
     assert f"| {_difference(gated['vs_first_arm'])} |" in row
     collection = set(gated["replay_real_steps"])
