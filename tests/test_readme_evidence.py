@@ -394,6 +394,11 @@ def test_the_first_run_replication_is_the_committed_ablation():
     if "later400_probe" in arms:  # `vs_time`: against later400_time, above
         assert (f"later run whose gate read five earlier runs' episodes ({len(arms['later400_probe']['seeds'])} seeds: "
                 f"{_difference(vs_time['later400_probe']['vs_first_arm'])} points)") in headline
+    if "truncated400" in arms:  # the probe's gate against the fixed horizon, paired on truncation's seeds
+        evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
+        vs_truncated = {a["arm"]: a for a in summarize_ablation(against(evidence, "truncated400"))["arms"]}
+        assert (f"fixed-horizon truncation at the same cost ({len(arms['truncated400']['seeds'])} seeds: "
+                f"{_difference(vs_truncated['gated400_collect']['vs_first_arm'])} points)") in headline
 
 
 def test_the_first_run_replications_offline_gate_is_the_committed_replay():
