@@ -354,11 +354,12 @@ def test_the_first_run_replication_is_the_committed_ablation():
         assert truncated["seeds"] == gated["seeds"][:len(truncated["seeds"])]  # paired below seed for seed
         paired = ", ".join(f"{100 * (a - b):+.0f}".replace("-", "−") for a, b in
                            zip(gated["held_out_per_seed"], truncated["held_out_per_seed"]))
+        evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
+        gate_vs_truncated = {a["arm"]: a for a in summarize_ablation(against(evidence, "truncated400"))["arms"]}[
+            "gated400_collect"]["vs_first_arm"]  # the probe's gate, paired on truncation's seeds
         line = f"The probe's gate against it, seed for seed: {paired} points at the end"
         if len(truncated["seeds"]) > 1:
-            evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
-            vs_truncated = {a["arm"]: a for a in summarize_ablation(against(evidence, "truncated400"))["arms"]}
-            line += f", {_difference(vs_truncated['gated400_collect']['vs_first_arm'])} seed level"
+            line += f", {_difference(gate_vs_truncated)} seed level"
         assert line in " ".join(readme.split())
     (row,) = [line for line in readme.splitlines() if line.startswith("| gated, probe, cut rollouts rewarded 0")]
     assert f"| {_difference(gated['vs_first_arm'])} |" in row
@@ -394,11 +395,9 @@ def test_the_first_run_replication_is_the_committed_ablation():
     if "later400_probe" in arms:  # `vs_time`: against later400_time, above
         assert (f"later run whose gate read five earlier runs' episodes ({len(arms['later400_probe']['seeds'])} seeds: "
                 f"{_difference(vs_time['later400_probe']['vs_first_arm'])} points)") in headline
-    if "truncated400" in arms:  # the probe's gate against the fixed horizon, paired on truncation's seeds
-        evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
-        vs_truncated = {a["arm"]: a for a in summarize_ablation(against(evidence, "truncated400"))["arms"]}
+    if "truncated400" in arms:  # `gate_vs_truncated`: above
         assert (f"fixed-horizon truncation at the same cost ({len(arms['truncated400']['seeds'])} seeds: "
-                f"{_difference(vs_truncated['gated400_collect']['vs_first_arm'])} points)") in headline
+                f"{_difference(gate_vs_truncated)} points)") in headline
 
 
 def test_the_first_run_replications_offline_gate_is_the_committed_replay():
