@@ -14,6 +14,12 @@ def _points(x: float) -> str:
     return f"{100 * x:+.1f}".replace("-", "−")
 
 
+def _seed_for_seed(arm: dict, reference: dict) -> str:
+    """The README's per-seed differences of two arms' finals, in whole points, paired by seed index."""
+    return ", ".join(f"{100 * (a - b):+.0f}".replace("-", "−")
+                     for a, b in zip(arm["held_out_per_seed"], reference["held_out_per_seed"]))
+
+
 def test_readme_headline_rows_are_the_committed_ablations():
     report = report_from_json(ROOT / "docs" / "ablation_rl_cpu.json")
     readme = (ROOT / "README.md").read_text().split("**Does RL help?")[1].split("\n\n**")[0]
@@ -294,6 +300,10 @@ def test_the_first_run_replication_is_the_committed_ablation():
     collection charged to the gated arm, and the fixed-cost comparison."""
     report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
     arms = {arm["arm"]: arm for arm in report["arms"]}
+    evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
+
+    def against_arm(reference: str) -> dict:  # every arm's summary with `reference` as the arm compared against
+        return {a["arm"]: a for a in summarize_ablation(against(evidence, reference))["arms"]}
     readme, docs = _first_run_sections()
     order = ["sparse400", "gated400_collect", "time400_collect", "later400_probe", "later400_time", "shuffled400",
              "later400_conformal", "truncated400"]
@@ -309,14 +319,10 @@ def test_the_first_run_replication_is_the_committed_ablation():
         _assert_gated_row(readme, "| gated as above, time alone", time_alone, sparse["real_steps_per_grpo_step"])
         (row,) = [line for line in readme.splitlines() if line.startswith("| gated as above, time alone")]
         assert f"| {_difference(time_alone['vs_first_arm'])} |" in row
-        paired = ", ".join(f"{100 * (a - b):+.0f}".replace("-", "−") for a, b in
-                           zip(gated["held_out_per_seed"], time_alone["held_out_per_seed"]))
         flat = " ".join(readme.split())
-        assert f"the probe's arm against it: {paired} points" in flat
+        assert f"the probe's arm against it: {_seed_for_seed(gated, time_alone)} points" in flat
         charged = time_alone["charged_ratio"]
-        evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
-        vs_time = {a["arm"]: a for a in summarize_ablation(against(evidence, "time400_collect"))["arms"]}
-        probe = vs_time["gated400_collect"]  # the probe's gate with time alone's as the reference
+        probe = against_arm("time400_collect")["gated400_collect"]  # the probe's gate against time alone's
         assert f"{_difference(probe['vs_first_arm'])} seed level" in flat
         for ratio, interval in ((time_alone["real_step_ratio"], time_alone["real_step_ratio_interval"]),
                                 (charged["real_step_ratio"], charged["interval"]),
@@ -324,8 +330,7 @@ def test_the_first_run_replication_is_the_committed_ablation():
             assert f"{ratio:.2f}× [{interval['ci95'][0]:.2f}, {interval['ci95'][1]:.2f}]" in flat
     assert ("| a later run:" in readme) == ("later400_probe" in arms)
     if "later400_probe" in arms:
-        evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
-        vs_time = {a["arm"]: a for a in summarize_ablation(against(evidence, "later400_time"))["arms"]}
+        vs_time = against_arm("later400_time")
         flat = " ".join(readme.split())
         for start, name in (("| a later run: the probe's gate, replay", "later400_probe"),
                             ("| a later run: time alone's", "later400_time")):
@@ -336,10 +341,8 @@ def test_the_first_run_replication_is_the_committed_ablation():
         assert f"{arms['later400_probe']['replay_real_steps'][0]:,} real steps, which earlier runs paid" in flat
         later = [arms[name] for name in ("later400_probe", "later400_time")]
         assert later[0]["seeds"] == later[1]["seeds"]  # paired seed for seed
-        paired = ", ".join(f"{100 * (a - b):+.0f}".replace("-", "−")
-                           for a, b in zip(later[0]["held_out_per_seed"], later[1]["held_out_per_seed"]))
-        assert (f"seed for seed: {paired} points at the end, {_difference(vs_time['later400_probe']['vs_first_arm'])} "
-                "seed level") in flat
+        assert (f"seed for seed: {_seed_for_seed(*later)} points at the end, "
+                f"{_difference(vs_time['later400_probe']['vs_first_arm'])} seed level") in flat
         for arm in later:
             at_budget = arm["at_budget"]
             assert f"{100 * at_budget['held_out']['mean']:.1f}%, {_difference(at_budget['vs_first_arm'])}" in flat
@@ -352,12 +355,9 @@ def test_the_first_run_replication_is_the_committed_ablation():
     if "truncated400" in arms:
         truncated = arms["truncated400"]
         assert truncated["seeds"] == gated["seeds"][:len(truncated["seeds"])]  # paired below seed for seed
-        paired = ", ".join(f"{100 * (a - b):+.0f}".replace("-", "−") for a, b in
-                           zip(gated["held_out_per_seed"], truncated["held_out_per_seed"]))
-        evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
-        gate_vs_truncated = {a["arm"]: a for a in summarize_ablation(against(evidence, "truncated400"))["arms"]}[
-            "gated400_collect"]["vs_first_arm"]  # the probe's gate, paired on truncation's seeds
-        line = f"The probe's gate against it, seed for seed: {paired} points at the end"
+        # the probe's gate, paired on truncation's seeds
+        gate_vs_truncated = against_arm("truncated400")["gated400_collect"]["vs_first_arm"]
+        line = f"The probe's gate against it, seed for seed: {_seed_for_seed(gated, truncated)} points at the end"
         if len(truncated["seeds"]) > 1:
             line += f", {_difference(gate_vs_truncated)} seed level"
         assert line in " ".join(readme.split())
