@@ -52,15 +52,22 @@ def test_readme_transfer_rows_are_the_committed_ablations():
             assert expected in row, (task, expected, row)
 
 
-def test_readme_shuffled_control_on_task_28_is_the_committed_ablation():
-    report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_shuffled.json")
-    (shuffled,) = [arm for arm in report["arms"] if arm["arm"] == "shuffled"]
-    low, high = shuffled["vs_sft"]["ci95"]
+def test_readme_shuffled_controls_on_tasks_28_and_47_are_the_committed_ablations():
     section = (ROOT / "README.md").read_text().split("**Does it transfer?")[1].split("\n\n**")[0]
-    (line,) = [line for line in section.splitlines() if line.startswith("- task 28:")]
-    assert f"{_points(shuffled['vs_sft']['difference'])} [{_points(low)}, {_points(high)}]" in line
-    assert f"{len(shuffled['held_out_per_seed'])} seeds (" + ", ".join(
-        f"{100 * s:.0f}" for s in shuffled["held_out_per_seed"]) + "%)" in line
+    for task, evidence in (("28", "ablation_rl_cpu_t28_shuffled.json"), ("47", "ablation_rl_cpu_t47_control.json")):
+        report = report_from_json(ROOT / "docs" / evidence)
+        arms = {arm["arm"]: arm for arm in report["arms"]}
+        shuffled = arms["shuffled"]
+        (line,) = [" ".join(item.split()) for item in section.split("\n- ") if item.startswith(f"task {task}:")]
+        assert _difference(shuffled["vs_sft"]) in line, (task, line)
+        seeds = len(shuffled["held_out_per_seed"])
+        assert f"{seeds} seed{'s' if seeds > 1 else ''} (" + ", ".join(
+            f"{100 * s:.0f}" for s in shuffled["held_out_per_seed"]) + "%)" in line, (task, line)
+        assert f"control − sparse, seed for seed: {_difference(shuffled['vs_first_arm'])}" in line, (task, line)
+    greedy = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t47_control_greedy.json")
+    table = (ROOT / "README.md").read_text().split("**Greedy and sampled")[1].split("\n\n**")[0]
+    (row,) = [line for line in table.splitlines() if line.startswith("| 47 |")]
+    assert row.endswith(f"| {_difference(next(a for a in greedy['arms'] if a['arm'] == 'shuffled')['vs_sft'])} |")
 
 
 def test_readme_mean_over_tasks_is_the_committed_ablations_pooled():
@@ -152,9 +159,7 @@ def test_readme_greedy_rows_are_the_committed_ablations():
                        ", ".join(f"{100 * s:.0f}" for s in sparse["held_out_per_seed"]) + "%"):
             assert figure in row, (task, figure, row)
         if "shuffled" in arms:
-            control = arms["shuffled"]["vs_sft"]
-            assert f"{_points(control['difference'])} [{_points(control['ci95'][0])}, {_points(control['ci95'][1])}]" \
-                in row, (task, row)
+            assert _difference(arms["shuffled"]["vs_sft"]) in row, (task, row)
     pooled = pooled_over_tasks([next(a for a in r["arms"] if a["arm"] == "sparse")["vs_sft"] for _, r in reports])
     (row,) = [line for line in section.splitlines() if line.startswith("| mean over the 3 tasks |")]
     low, high = pooled["ci95"]
