@@ -8,8 +8,8 @@
 # machine repeats it episode for episode) and shuffled (rewards deranged within groups, must not help), seeds
 # $SEEDS (a list, default "[0, 1]"); every checkpoint evaluated with the recipe's sampled protocol and greedily
 # on validation states 0-49 (experiments/greedy.sh's `greedy`), with the guarded rows. Reports:
-# runs/rl_cpu_t47/ablation/{,eval_greedy/}ablation.json (committed as docs/ablation_rl_cpu_t47_control{,_greedy}.json);
-# `ablate --merge` with docs/ablation_rl_cpu_t47.json refuses them, that report predating `oracle_cut_steps`.
+# runs/rl_cpu_t47/ablation/{,eval_greedy/}ablation.json (committed as docs/ablation_rl_cpu_t47_control{,_greedy}.json;
+# `ablate --from-json docs/ablation_rl_cpu_t47.json docs/ablation_rl_cpu_t47_control.json --merge` pools the seeds).
 # Cells resume one by one: re-run to go on. PARALLEL as transfer.sh.
 set -e
 cd "$(dirname "$0")/.."

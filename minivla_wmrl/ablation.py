@@ -76,7 +76,7 @@ from minivla_wmrl.pipeline import (
     gate_replay_real_steps,
     grpo_variant,
 )
-from minivla_wmrl.train.grpo import GRPORecipe, train_grpo, validate
+from minivla_wmrl.train.grpo import GRPOConfig, GRPORecipe, train_grpo, validate
 from minivla_wmrl.train.validation import ValidationConfig, ValidationTracker
 
 SEED_STRIDE = 1000  # arm i, seed s → GRPO seed s + SEED_STRIDE × i (unless paired_seeds)
@@ -828,8 +828,11 @@ def against(evidence: dict, arm: str) -> dict:
                 seeding=f"{evidence['seeding']} (i: the arm's place in the ablation: {', '.join(names)})")
 
 
-# what a cell run twice must repeat exactly (its wall-clock times are free to differ)
-REPEATED = ("grpo_seed", "evaluations", "real_steps", "real_episodes", "grpo_steps", "train_success_last")
+def _outcomes(cell: dict) -> tuple:
+    """What a cell run again must repeat: its training and every evaluation's episodes, not its timings."""
+    training = ("grpo_seed", "real_steps", "real_episodes", "grpo_steps", "train_success_last")
+    return (tuple(cell.get(k) for k in training),
+            [(e["step"], e["real_steps"], e["real_episodes"], e["episodes"]) for e in cell["evaluations"]])
 
 
 def merge_evidence(named: list[tuple[str, dict]]) -> dict:
@@ -840,7 +843,7 @@ def merge_evidence(named: list[tuple[str, dict]]) -> dict:
     check that the invocations reproduce each other. Guard evidence is pooled where every report has it."""
     (first_name, first), rest = named[0], named[1:]
     same = {"eval_settings": lambda e: {k: v for k, v in e["eval_settings"].items() if k != "checkpoint"},
-            "SFT episodes": lambda e: e["sft"]["episodes"], "grpo settings": lambda e: e["grpo"],
+            "SFT episodes": lambda e: e["sft"]["episodes"], "grpo settings": _grpo_settings,
             "seeding": lambda e: e["seeding"], "first arm": lambda e: e["first_arm"],
             "checkpoints played (final_only)": lambda e: e.get("final_only", False)}
     for name, evidence in rest:
@@ -857,8 +860,9 @@ def merge_evidence(named: list[tuple[str, dict]]) -> dict:
                                  f"and {arm['overrides']} in another report")
             for cell in entry["cells"]:
                 _merge_cell(arm["cells"], cell["seed"], cell, f"arm {entry['arm']!r} seed {cell['seed']}", name,
-                            lambda a, b: all(a.get(k) == b.get(k) for k in REPEATED))
-    merged = dict(first, arms=[dict(a, cells=[a["cells"][s] for s in sorted(a["cells"])]) for a in arms.values()])
+                            lambda a, b: _outcomes(a) == _outcomes(b))
+    merged = dict(first, grpo=_grpo_settings(first),
+                  arms=[dict(a, cells=[a["cells"][s] for s in sorted(a["cells"])]) for a in arms.values()])
     merged["merged_from"] = [{"report": name, "seeds": {e["arm"]: [c["seed"] for c in e["cells"]] for e in ev["arms"]},
                               "versions": ev["versions"]} for name, ev in named]
     merged.pop("guard", None)
@@ -866,6 +870,12 @@ def merge_evidence(named: list[tuple[str, dict]]) -> dict:
     if len(guards) == len(named):
         merged["guard"] = _merge_guard(guards)
     return merged
+
+
+def _grpo_settings(evidence: dict) -> dict:
+    """A report's GRPO settings, a field it predates read as its default: every field added to GRPOConfig
+    defaults to the behaviour before it (e.g. `oracle_cut_steps=0`, off), so an older report ran with it."""
+    return {**{k: v for k, v in asdict(GRPOConfig()).items() if k != "seed"}, **evidence["grpo"]}
 
 
 def _merge_cell(cells: dict, seed: int, value, what: str, source: str, repeats) -> None:

@@ -358,6 +358,9 @@ def test_reports_of_one_ablation_from_several_sessions_merge_into_one(tmp_path, 
 
     a = part({"sparse": [0, 1, 2], "shuffled": [0]}, "a")
     b = part({"sparse": [2, 3, 4], "shuffled": [1, 2]}, "b")  # sparse seed 2 in both: the same cell
+    slower = json.loads(b.read_text())  # ... run again on a busier machine: its episodes repeat, not its timings
+    slower["evidence"]["arms"][0]["cells"][0]["evaluations"][-1]["success"]["eval_s"] *= 9
+    b.write_text(json.dumps(slower))
     assert cli(["ablate", "--from-json", str(a), str(b), "--merge", "--out", str(tmp_path / "merged")]) == 0
     merged = json.loads((tmp_path / "merged" / "ablation.json").read_text())
     for arm, expected in zip(merged["arms"], whole["arms"]):
@@ -368,7 +371,21 @@ def test_reports_of_one_ablation_from_several_sessions_merge_into_one(tmp_path, 
                                                                        {"sparse": [2, 3, 4], "shuffled": [1, 2]}]
     capsys.readouterr()
 
-    flipped = json.loads(b.read_text())  # sparse seed 2 did not repeat: one episode differs
+    # a (like the committed report) predates GRPOConfig's `oracle_cut_steps`: it ran at the default, 0
+    assert "oracle_cut_steps" not in json.loads(a.read_text())["evidence"]["grpo"]
+    cut = json.loads(b.read_text())
+    cut["evidence"]["grpo"]["oracle_cut_steps"] = 0
+    b.write_text(json.dumps(cut))
+    assert cli(["ablate", "--from-json", str(a), str(b), "--merge", "--out", str(tmp_path / "newer")]) == 0
+    assert json.loads((tmp_path / "newer" / "ablation.json").read_text())["arms"] == merged["arms"]
+    capsys.readouterr()
+    cut["evidence"]["grpo"]["oracle_cut_steps"] = 40  # the field at its default in one, set in the other: another run
+    b.write_text(json.dumps(cut))
+    assert cli(["ablate", "--from-json", str(a), str(b), "--merge"]) == 1
+    assert "differ in grpo settings" in capsys.readouterr().err
+    cut["evidence"]["grpo"]["oracle_cut_steps"] = 0
+
+    flipped = cut  # sparse seed 2 did not repeat: one episode differs
     flipped["evidence"]["arms"][0]["cells"][0]["evaluations"][-1]["episodes"][0][3] ^= 1
     b.write_text(json.dumps(flipped))
     assert cli(["ablate", "--from-json", str(a), str(b), "--merge"]) == 1
