@@ -4,7 +4,7 @@ likewise the gate-report table in docs/wmrl_grpo.md from `docs/gate_report_task2
 
 from pathlib import Path
 
-from minivla_wmrl.ablation import against, evidence_from_json, report_from_json, summarize_ablation
+from minivla_wmrl.ablation import against, evidence_from_json, merge_evidence, report_from_json, summarize_ablation
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = {"sparse": "| sparse GRPO", "shuffled": "| shuffled rewards", "lr0": "| lr 0"}  # each arm's README row
@@ -52,10 +52,18 @@ def test_readme_transfer_rows_are_the_committed_ablations():
             assert expected in row, (task, expected, row)
 
 
+def _merged(*names: str) -> dict:
+    """The report of `ablate --from-json docs/A docs/B --merge`."""
+    return summarize_ablation(merge_evidence([(n, evidence_from_json(ROOT / "docs" / n)) for n in names]))
+
+
 def test_readme_shuffled_controls_on_tasks_28_and_47_are_the_committed_ablations():
+    """Task 47's control ran in its own invocation, beside a repeat of sparse seed 0: merged with the
+    committed sparse seeds, its seeds pair with theirs."""
     section = (ROOT / "README.md").read_text().split("**Does it transfer?")[1].split("\n\n**")[0]
-    for task, evidence in (("28", "ablation_rl_cpu_t28_shuffled.json"), ("47", "ablation_rl_cpu_t47_control.json")):
-        report = report_from_json(ROOT / "docs" / evidence)
+    reports = (("28", report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_shuffled.json")),
+               ("47", _merged("ablation_rl_cpu_t47.json", "ablation_rl_cpu_t47_control.json")))
+    for task, report in reports:
         arms = {arm["arm"]: arm for arm in report["arms"]}
         shuffled = arms["shuffled"]
         (line,) = [" ".join(item.split()) for item in section.split("\n- ") if item.startswith(f"task {task}:")]
@@ -64,10 +72,12 @@ def test_readme_shuffled_controls_on_tasks_28_and_47_are_the_committed_ablations
         assert f"{seeds} seed{'s' if seeds > 1 else ''} (" + ", ".join(
             f"{100 * s:.0f}" for s in shuffled["held_out_per_seed"]) + "%)" in line, (task, line)
         assert f"control − sparse, seed for seed: {_difference(shuffled['vs_first_arm'])}" in line, (task, line)
-    greedy = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t47_control_greedy.json")
+    greedy = _merged("ablation_rl_cpu_t47_greedy.json", "ablation_rl_cpu_t47_control_greedy.json")
     table = (ROOT / "README.md").read_text().split("**Greedy and sampled")[1].split("\n\n**")[0]
     (row,) = [line for line in table.splitlines() if line.startswith("| 47 |")]
-    assert row.endswith(f"| {_difference(next(a for a in greedy['arms'] if a['arm'] == 'shuffled')['vs_sft'])} |")
+    shuffled = next(a for a in greedy["arms"] if a["arm"] == "shuffled")
+    seeds = len(shuffled["held_out_per_seed"])
+    assert row.endswith(f"| {_difference(shuffled['vs_sft'])}{f' ({seeds} seeds)' if seeds > 1 else ''} |"), row
 
 
 def test_readme_mean_over_tasks_is_the_committed_ablations_pooled():
