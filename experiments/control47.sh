@@ -7,7 +7,8 @@
 # control pairs with the committed sparse seeds. Arms: sparse, seed 0 (a committed cell run again: a check that this
 # machine repeats it episode for episode) and shuffled (rewards deranged within groups, must not help), seeds
 # $SEEDS (a list, default "[0, 1, 2]", the committed report's); every checkpoint evaluated with the recipe's
-# sampled protocol and greedily on validation states 0-49 (experiments/greedy.sh's `greedy`), with the guarded rows. Reports:
+# sampled protocol and greedily on validation states 0-49 (experiments/greedy.sh's `greedy`), with the guarded rows.
+# Reports:
 # runs/rl_cpu_t47/ablation/{,eval_greedy/}ablation.json (committed as docs/ablation_rl_cpu_t47_control{,_greedy}.json;
 # `ablate --from-json docs/ablation_rl_cpu_t47.json docs/ablation_rl_cpu_t47_control.json --merge` pools the seeds).
 # Cells resume one by one: re-run to go on. PARALLEL as transfer.sh.
