@@ -874,7 +874,8 @@ def merge_evidence(named: list[tuple[str, dict]]) -> dict:
 
 def _grpo_settings(evidence: dict) -> dict:
     """A report's GRPO settings, a field it predates read as its default: every field added to GRPOConfig
-    defaults to the behaviour before it (e.g. `oracle_cut_steps=0`, off), so an older report ran with it."""
+    defaults to the behaviour before it (e.g. `oracle_cut_steps=0`, off), so an older report ran with it
+    (`recipe_differences`' rule for a resumed run; here symmetric, either report may be the older)."""
     return {**{k: v for k, v in asdict(GRPOConfig()).items() if k != "seed"}, **evidence["grpo"]}
 
 
