@@ -6,7 +6,7 @@
 # machine, kernel v1300; with OMP_NUM_THREADS=1 the SFT comes out another checkpoint, 0/50 held out), so the
 # control pairs with the committed sparse seeds. Arms: sparse, seed 0 (a committed cell run again: a check that this
 # machine repeats it episode for episode) and shuffled (rewards deranged within groups, must not help), seeds
-# $SEEDS (a list, default "[0, 1, 2]", the committed report's); every checkpoint evaluated with the recipe's
+# $SEEDS (a list, default "[0, 1, 2, 3, 4]", the committed report's); every checkpoint evaluated with the recipe's
 # sampled protocol and greedily on validation states 0-49 (experiments/greedy.sh's `greedy`), with the guarded rows.
 # Reports:
 # runs/rl_cpu_t47/ablation/{,eval_greedy/}ablation.json (committed as docs/ablation_rl_cpu_t47_control{,_greedy}.json;
@@ -21,6 +21,6 @@ GREEDY='{name: greedy, overrides: ["eval.temperature=0", "eval.samples_per_state
   "eval.first_trial=0", "eval.trials=50"]}'
 minivla-wmrl ablate recipes/rl_cpu.yaml out=runs/rl_cpu_t47 'tasks=["47"]' 'demos.tasks=["47"]' \
   grpo.grpo.max_real_steps=200 eval.max_steps=200 \
-  "ablation.arms=[{name: sparse, seeds: [0], overrides: []}, {name: shuffled, seeds: ${SEEDS:-[0, 1, 2]}, \
+  "ablation.arms=[{name: sparse, seeds: [0], overrides: []}, {name: shuffled, seeds: ${SEEDS:-[0, 1, 2, 3, 4]}, \
 overrides: [grpo.shuffle_rewards=true]}]" \
   "ablation.protocols=[$GREEDY]" ablation.guard_protocol=greedy --parallel ${PARALLEL:-2} "$@"

@@ -78,6 +78,19 @@ def test_readme_shuffled_controls_on_tasks_28_and_47_are_the_committed_ablations
     shuffled = next(a for a in greedy["arms"] if a["arm"] == "shuffled")
     seeds = len(shuffled["held_out_per_seed"])
     assert row.endswith(f"| {_difference(shuffled['vs_sft'])}{f' ({seeds} seeds)' if seeds > 1 else ''} |"), row
+    # the one control final the guard keeps: its greedy gain on validation, its sampled record on published states
+    sampled = _merged("ablation_rl_cpu_t47.json", "ablation_rl_cpu_t47_control.json")
+    (guarded,) = [g for g in sampled["guarded"] if g["arm"] == "shuffled"]
+    (kept,) = [seed for seed, keep in enumerate(guarded["kept"]) if keep]
+    on_validation = shuffled["vs_sft"]["per_seed"][kept]
+    on_published = next(a for a in sampled["arms"] if a["arm"] == "shuffled")["vs_sft"]["per_seed"][kept]
+    paragraph = " ".join(table.split("\n- ")[1].split())
+    for expected in (f"shuffled seed {kept} reached {100 * shuffled['held_out_per_seed'][kept]:.0f}%",
+                     f"+{on_validation['gained']}/−{on_validation['lost']} episodes against SFT, exact McNemar "
+                     f"p = {on_validation['p_mcnemar']:.3f}",
+                     f"(+{on_published['gained']}/−{on_published['lost']})",
+                     f"guarded control, sampled: {_difference(guarded['vs_sft'])}"):
+        assert expected in paragraph, expected
 
 
 def test_readme_mean_over_tasks_is_the_committed_ablations_pooled():
