@@ -85,7 +85,8 @@ def test_readme_shuffled_controls_on_tasks_28_and_47_are_the_committed_ablations
     on_validation = shuffled["vs_sft"]["per_seed"][kept]
     on_published = next(a for a in sampled["arms"] if a["arm"] == "shuffled")["vs_sft"]["per_seed"][kept]
     paragraph = " ".join(table.split("\n- ")[1].split())
-    for expected in (f"shuffled seed {kept} reached {100 * shuffled['held_out_per_seed'][kept]:.0f}%",
+    for expected in (f"shuffled seed {shuffled['seeds'][kept]} reached "
+                     f"{100 * shuffled['held_out_per_seed'][kept]:.0f}%",
                      f"+{on_validation['gained']}/−{on_validation['lost']} episodes against SFT, exact McNemar "
                      f"p = {on_validation['p_mcnemar']:.3f}",
                      f"(+{on_published['gained']}/−{on_published['lost']})",
