@@ -48,11 +48,13 @@ from minivla_wmrl.evaluation.evaluate import SettingsChanged, evaluate
 from minivla_wmrl.evaluation.plots import plot_ablation
 from minivla_wmrl.evaluation.statistics import (
     RATE_BOUNDS,
+    PLANNING_HALF_WIDTH,
     SEED_LEVEL_UNIT,
     mean_interval,
     pooled_over_tasks,
     rate,
     seed_level_difference,
+    seeds_for_half_width,
 )
 from minivla_wmrl.infra.atomic import atomic_file
 from minivla_wmrl.infra.config import (
@@ -564,6 +566,7 @@ def summarize_ablation(evidence: dict) -> dict:
     for entry in arms[1:]:  # on the seed indices both arms ran
         shared = min(len(finals[first]), len(finals[entry["arm"]]))
         entry["vs_first_arm"] = seed_level_difference(finals[first][:shared], finals[entry["arm"]][:shared])
+        entry["seeds_to_settle"] = seeds_for_half_width(entry["vs_first_arm"])
     report = {"sft": evidence["sft"]["overall"], "eval_settings": evidence["eval_settings"], "arms": arms,
               "first_arm": first, "seeding": evidence["seeding"], "grpo": evidence["grpo"],
               "statistics_unit": SEED_LEVEL_UNIT, "evidence": evidence}
@@ -722,6 +725,11 @@ def ablation_table(report: dict) -> str:
               "Per seed, its checkpoint against SFT (exact McNemar on the discordant episodes: valid for one "
               "checkpoint against one):", ""]
     lines += [f"- {arm['arm']}: {_per_seed_mcnemar(arm['vs_sft'])}" for arm in report["arms"]]
+    lines += ["", f"Seeds a side that a ±{100 * PLANNING_HALF_WIDTH:g}-point seed-level interval against {first_arm} "
+              "would take at the spread these seeds show (standard error falling as 1/√seeds; a planning figure, not "
+              "an inference):", ""]
+    lines += [f"- {arm['arm']}: {'n/a' if arm['seeds_to_settle'] is None else arm['seeds_to_settle']} "
+              f"({arm['vs_first_arm']['seeds']} run)" for arm in report["arms"][1:]]
     if "guarded" in report:
         g = report["evidence"]["guard"]
         lines += ["", f"Guarded: GRPO's validation guard after the fact. On the guard protocol's episodes "

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from scipy import stats
 
 from envs.point_reach import ENV_ID
 from minivla_wmrl.cli import main as cli
@@ -423,6 +424,13 @@ def test_against_compares_every_arm_with_the_named_one(tmp_path, capsys):
     assert gated["vs_first_arm"]["difference"] == pytest.approx(
         np.mean(gated["held_out_per_seed"][:shared]) - np.mean(time_["held_out_per_seed"]))
     assert gated["vs_first_arm"] != plain["gated400_collect"]["vs_first_arm"]
+    # what settling it would take: the fewest seeds a side whose projected interval is within ±5 points
+    se, n = gated["vs_first_arm"]["se"], gated["seeds_to_settle"]
+
+    def half_width(seeds):
+        return stats.t.ppf(0.975, seeds - 1) * se * np.sqrt(shared / seeds)
+    assert half_width(shared) > 0.05 and half_width(n) <= 0.05 < half_width(n - 1)
+    assert f"- gated400_collect: {n} ({shared} run)" in (tmp_path / "ablation.md").read_text()
     # both gates paid for the same collection: charged on both sides, against itself the reference is at 1
     assert time_["charged_ratio"]["real_step_ratio"] == pytest.approx(1.0)
     assert gated["charged_ratio"]["real_step_ratio"] == pytest.approx(

@@ -4,6 +4,8 @@ likewise the gate-report table in docs/wmrl_grpo.md from `docs/gate_report_task2
 
 from pathlib import Path
 
+import numpy as np
+
 from minivla_wmrl.ablation import against, evidence_from_json, merge_evidence, report_from_json, summarize_ablation
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -426,6 +428,17 @@ def test_the_first_run_replication_is_the_committed_ablation():
     if "truncated400" in arms:  # `gate_vs_truncated`: above
         assert (f"fixed-horizon truncation at the same cost ({len(arms['truncated400']['seeds'])} seeds: "
                 f"{_difference(gate_vs_truncated)} points)") in headline
+        # what settling them would take: `ablate`'s seeds a side for ±5 points, and the cells still to run for time
+        settle = [gated["seeds_to_settle"], against_arm("time400_collect")["gated400_collect"]["seeds_to_settle"],
+                  vs_time["later400_probe"]["seeds_to_settle"],
+                  against_arm("truncated400")["gated400_collect"]["seeds_to_settle"]]
+        cells = [c for a in evidence["arms"] if a["arm"] in ("gated400_collect", "time400_collect") for c in a["cells"]]
+        cell_s = np.mean([c["wall_s"] for c in cells])
+        to_run = 2 * settle[1] - len(gated["seeds"]) - len(arms["time400_collect"]["seeds"])
+        assert (f"an interval of ±5 points would take {settle[0]} seeds a side against sparse, {settle[1]} against "
+                f"time alone ({settle[2]} in the later run) and {settle[3]} against truncation") in headline
+        assert (f"about {to_run * cell_s / 2 / 3600:.0f} more hours of this machine's 2 cores ({cell_s / 60:.0f} "
+                "minutes a cell, two at a time)") in headline
 
 
 def test_the_first_run_replications_offline_gate_is_the_committed_replay():

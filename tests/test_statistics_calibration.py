@@ -7,7 +7,8 @@ flip of its state's success probability. With no true effect, the reported 95% s
 interval must exclude zero in ≤ 7% of ablations; with a planted effect it must cover it in
 ≥ 90%. Pooling the seeds' episodes into one state-level bootstrap, as reported before, fails.
 The mean over several tasks' ablations (`pooled_over_tasks`) is held to the same standard.
-So is the comparison of two trained arms (gated against sparse), which share no evaluation.
+So is the comparison of two trained arms (gated against sparse), which share no evaluation, and
+the seeds such a comparison would take to settle.
 """
 
 import numpy as np
@@ -18,6 +19,7 @@ from minivla_wmrl.evaluation.statistics import (
     pooled_over_tasks,
     satterthwaite_df,
     seed_level_difference,
+    seeds_for_half_width,
 )
 
 STATES, SAMPLES, ABLATIONS = 25, 2, 300
@@ -89,6 +91,25 @@ def test_two_trained_arms_are_compared_calibrated_and_informative(seeds):
     assert false_positives <= 0.07
     _, coverage, _, _ = rates(seeds, 0.08, effect=0.15, compare="arms")
     assert coverage >= 0.90
+
+
+def test_the_seeds_planned_for_a_half_width_give_about_that_width():
+    """Planned from 5 seeds of two trained arms, the seeds for a ±10-point interval: ablations run at
+    that many seeds report intervals whose median half-width is near 10 points (the plan is only as
+    good as 5 seeds' spread, hence the median over several plans)."""
+    rng = np.random.default_rng(11)
+    plans = [seeds_for_half_width(seed_level_difference(*simulate(rng, 5, 0.08, 0.0, "arms"), resamples=400, seed=i),
+                                  half_width=0.10) for i in range(40)]
+    planned = int(np.median(plans))
+    assert 5 < planned < 40  # wider than ±10 at 5 seeds, and within reach
+    half_widths = []
+    for i in range(60):
+        low, high = seed_level_difference(*simulate(rng, planned, 0.08, 0.0, "arms"), resamples=400, seed=i)["ci95"]
+        half_widths.append((high - low) / 2)
+    assert 0.08 <= np.median(half_widths) <= 0.12
+    one_seed = seed_level_difference(*simulate(rng, 1, 0.08, 0.0, "arms"))
+    assert seeds_for_half_width(one_seed) is None
+    assert seeds_for_half_width(dict(one_seed, se=0.0, seeds=3)) == 2  # nothing varies: the fewest seeds do
 
 
 def test_per_seed_mcnemar_and_the_sign_flip_test():

@@ -199,6 +199,28 @@ def seed_level_difference(a_by_seed: list[dict], b_by_seed: list[dict], confiden
     return result
 
 
+PLANNING_HALF_WIDTH = 0.05  # the non-inferiority margin the issues judge by: an interval this narrow settles them
+MAX_PLANNED_SEEDS = 1000
+
+
+def seeds_for_half_width(difference: dict, half_width: float = PLANNING_HALF_WIDTH,
+                         confidence: float = CONFIDENCE) -> int | None:
+    """How many seeds a side a seed-level comparison of two trained arms (`seed_level_difference`) would
+    take for its interval to shrink to ±`half_width`, at the spread it shows: a planning figure (what
+    settling it would cost), not an inference. Assumes the standard error falls as 1/√seeds and takes
+    t with seeds − 1 df, as when the seeds' variation dominates. That holds where the two arms share no
+    evaluation; against one SFT evaluation, whose noise every seed shares and more seeds do not
+    average away, it is a lower bound. None without an interval (one seed) or beyond
+    `MAX_PLANNED_SEEDS`."""
+    se, seeds = difference.get("se"), difference["seeds"]
+    if se is None:
+        return None
+    for n in range(2, MAX_PLANNED_SEEDS + 1):
+        if float(stats.t.ppf((1 + confidence) / 2, n - 1)) * se * math.sqrt(seeds / n) <= half_width:
+            return n
+    return None
+
+
 def pooled_over_tasks(differences: list[dict], confidence: float = CONFIDENCE) -> dict:
     """The mean of several tasks' seed-level differences (`seed_level_difference`, each from its own
     ablation: its own SFT checkpoint, seeds and states), with a t interval whose standard error adds
