@@ -467,6 +467,46 @@ def test_the_first_run_replications_offline_gate_is_the_committed_replay():
             f"{totals['proprio'][0]['saving']:.2f}× and {totals['proprio'][1]['saving']:.2f}×") in docs_flat
 
 
+def test_where_the_first_run_gate_breaks_is_the_committed_evidence():
+    """docs/wmrl_grpo.md's "Where it breaks": successes ended by step 64 (the probe report), the oracle's
+    headroom over time alone (the offline replays), real steps per GRPO step of each gate on the seeds both
+    ran, and the seeds a side that settling would take (the ablation)."""
+    import json
+
+    _, docs = _first_run_sections()
+    docs = " ".join(docs.split("**Where it breaks**")[1].split())
+    rows = json.loads((ROOT / "docs" / "probe_report_task28_cap400_fresh.json").read_text())
+    (at_64,) = [row for row in rows["rows"] if row["steps"] == 64]
+    ended = 1 - at_64["running_successes"] / rows["test_successes"]
+    assert f"{100 * ended:.0f}% of the successes have ended by step 64" in docs
+    savings = {}
+    for seed in (0, 1):
+        replay = json.loads((ROOT / "docs" / f"gate_report_task28_cap400_fresh_seed{seed}.json").read_text())
+        for report in replay["reports"]:
+            savings.setdefault(report["gate"]["predictor"], []).append(report["total"]["saving"])
+    headroom = [1 - time / oracle for time, oracle in zip(savings["time"], savings["oracle"])]
+    assert (f"a perfect predictor would run {100 * headroom[0]:.0f}% and {100 * headroom[1]:.0f}% fewer real steps "
+            "than time alone") in docs
+    evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
+    cells = {arm["arm"]: arm["cells"] for arm in evidence["arms"]}
+
+    def per_step(arm: str, seeds: int) -> float:
+        return float(np.mean([c["real_steps"] / c["grpo_steps"] for c in cells[arm][:seeds]]))
+    figures = []
+    for probe, time_alone in (("gated400_collect", "time400_collect"), ("later400_probe", "later400_time")):
+        seeds = len(cells[time_alone])  # on the seeds both ran
+        ratio = per_step(probe, seeds) / per_step(time_alone, seeds)
+        figures.append((per_step(probe, seeds), per_step(time_alone, seeds),
+                        f"{100 * (ratio - 1):.0f}% more" if ratio > 1 else f"{100 * (1 - ratio):.0f}% fewer"))
+    (first, later) = figures
+    assert (f"{first[0]:.0f} real steps per GRPO step against time alone's {first[1]:.0f} in the first run "
+            f"({first[2]}), and {later[0]:.0f} against {later[1]:.0f} in the later run ({later[2]})") in docs
+    settle = [{a["arm"]: a for a in summarize_ablation(against(evidence, reference))["arms"]}[arm]["seeds_to_settle"]
+              for reference, arm in (("time400_collect", "gated400_collect"), ("later400_time", "later400_probe"),
+                                     ("sparse400", "gated400_collect"))]
+    assert f"would take {settle[0]} seeds a side ({settle[1]} in the later run), against sparse {settle[2]}" in docs
+
+
 def test_the_later_run_gate_and_the_anchor_ceiling_are_the_committed_replays():
     """README's offline gate as a later run on the task would start it (fit on 720 earlier episodes), and the
     oracle's ceiling by anchor share, from docs/gate_report_task28_cap400_fresh_{later,oracle_g8,oracle_g16}_seed*
