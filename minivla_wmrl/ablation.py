@@ -47,8 +47,8 @@ from minivla_wmrl.evaluation.compare import by_state, check_comparable, load_eva
 from minivla_wmrl.evaluation.evaluate import SettingsChanged, evaluate
 from minivla_wmrl.evaluation.plots import plot_ablation
 from minivla_wmrl.evaluation.statistics import (
-    RATE_BOUNDS,
     PLANNING_HALF_WIDTH,
+    RATE_BOUNDS,
     SEED_LEVEL_UNIT,
     mean_interval,
     pooled_over_tasks,
