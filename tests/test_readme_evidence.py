@@ -478,7 +478,7 @@ def test_where_the_first_run_gate_breaks_is_the_committed_evidence():
     rows = json.loads((ROOT / "docs" / "probe_report_task28_cap400_fresh.json").read_text())
     (at_64,) = [row for row in rows["rows"] if row["steps"] == 64]
     ended = 1 - at_64["running_successes"] / rows["test_successes"]
-    assert f"{100 * ended:.0f}% of the successes have ended by step 64" in docs
+    assert f"{rows['test']} episodes, {100 * ended:.0f}% of the successes have ended by step 64" in docs
     savings = {}
     for seed in (0, 1):
         replay = json.loads((ROOT / "docs" / f"gate_report_task28_cap400_fresh_seed{seed}.json").read_text())
