@@ -316,6 +316,11 @@ def test_the_cap_400_finals_played_three_times_as_often_are_the_committed_report
 
 
 
+def _arms_against(evidence: dict, reference: str) -> dict:
+    """Every arm's summary, by name, with `reference` as the arm compared against (`ablate --against`)."""
+    return {arm["arm"]: arm for arm in summarize_ablation(against(evidence, reference))["arms"]}
+
+
 def _first_run_sections() -> tuple[str, str]:
     """The first-run replication's README paragraph and docs/wmrl_grpo.md subsection."""
     readme = (ROOT / "README.md").read_text().split("**A first gated run on a task")[1].split("Evidence:")[0]
@@ -331,9 +336,6 @@ def test_the_first_run_replication_is_the_committed_ablation():
     report = report_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
     arms = {arm["arm"]: arm for arm in report["arms"]}
     evidence = evidence_from_json(ROOT / "docs" / "ablation_rl_cpu_t28_cap400_fresh.json")
-
-    def against_arm(reference: str) -> dict:  # every arm's summary with `reference` as the arm compared against
-        return {a["arm"]: a for a in summarize_ablation(against(evidence, reference))["arms"]}
     readme, docs = _first_run_sections()
     order = ["sparse400", "gated400_collect", "time400_collect", "later400_probe", "later400_time", "shuffled400",
              "later400_conformal", "truncated400"]
@@ -352,7 +354,7 @@ def test_the_first_run_replication_is_the_committed_ablation():
         flat = " ".join(readme.split())
         assert f"the probe's arm against it: {_seed_for_seed(gated, time_alone)} points" in flat
         charged = time_alone["charged_ratio"]
-        probe = against_arm("time400_collect")["gated400_collect"]  # the probe's gate against time alone's
+        probe = _arms_against(evidence, "time400_collect")["gated400_collect"]  # the probe's gate against time alone's
         assert f"{_difference(probe['vs_first_arm'])} seed level" in flat
         for ratio, interval in ((time_alone["real_step_ratio"], time_alone["real_step_ratio_interval"]),
                                 (charged["real_step_ratio"], charged["interval"]),
@@ -360,7 +362,7 @@ def test_the_first_run_replication_is_the_committed_ablation():
             assert f"{ratio:.2f}× [{interval['ci95'][0]:.2f}, {interval['ci95'][1]:.2f}]" in flat
     assert ("| a later run:" in readme) == ("later400_probe" in arms)
     if "later400_probe" in arms:
-        vs_time = against_arm("later400_time")
+        vs_time = _arms_against(evidence, "later400_time")
         flat = " ".join(readme.split())
         for start, name in (("| a later run: the probe's gate, replay", "later400_probe"),
                             ("| a later run: time alone's", "later400_time")):
@@ -386,7 +388,7 @@ def test_the_first_run_replication_is_the_committed_ablation():
         truncated = arms["truncated400"]
         assert truncated["seeds"] == gated["seeds"][:len(truncated["seeds"])]  # paired below seed for seed
         # the probe's gate, paired on truncation's seeds
-        gate_vs_truncated = against_arm("truncated400")["gated400_collect"]["vs_first_arm"]
+        gate_vs_truncated = _arms_against(evidence, "truncated400")["gated400_collect"]["vs_first_arm"]
         line = f"The probe's gate against it, seed for seed: {_seed_for_seed(gated, truncated)} points at the end"
         if len(truncated["seeds"]) > 1:
             line += f", {_difference(gate_vs_truncated)} seed level"
@@ -429,9 +431,8 @@ def test_the_first_run_replication_is_the_committed_ablation():
         assert (f"fixed-horizon truncation at the same cost ({len(arms['truncated400']['seeds'])} seeds: "
                 f"{_difference(gate_vs_truncated)} points)") in headline
         # what settling them would take: `ablate`'s seeds a side for ±5 points, and the cells still to run for time
-        settle = [gated["seeds_to_settle"], against_arm("time400_collect")["gated400_collect"]["seeds_to_settle"],
-                  vs_time["later400_probe"]["seeds_to_settle"],
-                  against_arm("truncated400")["gated400_collect"]["seeds_to_settle"]]
+        settle = [gated["seeds_to_settle"], probe["seeds_to_settle"], vs_time["later400_probe"]["seeds_to_settle"],
+                  _arms_against(evidence, "truncated400")["gated400_collect"]["seeds_to_settle"]]
         cells = [c for a in evidence["arms"] if a["arm"] in ("gated400_collect", "time400_collect") for c in a["cells"]]
         cell_s = np.mean([c["wall_s"] for c in cells])
         to_run = 2 * settle[1] - len(gated["seeds"]) - len(arms["time400_collect"]["seeds"])
@@ -501,9 +502,9 @@ def test_where_the_first_run_gate_breaks_is_the_committed_evidence():
     (first, later) = figures
     assert (f"{first[0]:.0f} real steps per GRPO step against time alone's {first[1]:.0f} in the first run "
             f"({first[2]}), and {later[0]:.0f} against {later[1]:.0f} in the later run ({later[2]})") in docs
-    settle = [{a["arm"]: a for a in summarize_ablation(against(evidence, reference))["arms"]}[arm]["seeds_to_settle"]
-              for reference, arm in (("time400_collect", "gated400_collect"), ("later400_time", "later400_probe"),
-                                     ("sparse400", "gated400_collect"))]
+    compared = (("time400_collect", "gated400_collect"), ("later400_time", "later400_probe"),
+                ("sparse400", "gated400_collect"))
+    settle = [_arms_against(evidence, reference)[arm]["seeds_to_settle"] for reference, arm in compared]
     assert f"would take {settle[0]} seeds a side ({settle[1]} in the later run), against sparse {settle[2]}" in docs
 
 
