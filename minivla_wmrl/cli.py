@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--device", default="cpu")
     policy.add_argument("--dtype", default="float32", help="the policy's weights: float32 or bfloat16")
     policy.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s in that dtype (fraction of peak)")
+    policy.add_argument("--decoding", nargs="+", default=["dynamic"], choices=["dynamic", "static", "compiled"],
+                        help="decode-step implementations to time side by side (dynamic always runs: the baseline)")
+    policy.add_argument("--profile", action="store_true", help="print torch.profiler's per-op table of one call")
     policy.add_argument("--json", help="write the result as JSON here")
     policy.set_defaults(run=_main_of("minivla_wmrl.bench.policy"))
     rollout = bench.add_parser("rollout", help="env steps/s: rollout engine vs a naive loop, on LIBERO")
@@ -205,12 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench_wm.set_defaults(run=_main_of("minivla_wmrl.bench.wm"))
     memory = bench.add_parser("train-memory", help="peak memory of a training step, with and without activation "
                               "checkpointing")
-    memory.add_argument("--preset", default="tiny")
-    memory.add_argument("--batch", type=int, default=8)
+    memory.add_argument("--preset", help="default: tiny")
+    memory.add_argument("--batch", type=int, help="default: 8")
     memory.add_argument("--setting", default="sft", help="sft (full fine-tune) or grpo (LoRA, frozen vision)")
-    memory.add_argument("--device", default="cpu")
-    memory.add_argument("--dtype", default="float32", help="the policy's weights: float32 or bfloat16")
-    memory.add_argument("--lora-r", type=int, default=32, help="LoRA rank of the grpo setting")
+    memory.add_argument("--device", help="default: the recipe's, else cpu")
+    memory.add_argument("--dtype", help="the stage's dtype: float32 (the default) or bfloat16")
+    memory.add_argument("--lora-r", type=int, help="LoRA rank of the grpo setting (default: 32)")
+    memory.add_argument("--recipe", help="a pipeline recipe: the setting's preset, batch, LoRA rank, dtype and device "
+                                         "as its sft or grpo stage sets them (then only --device may be given)")
     memory.add_argument("--json", help="write the result as JSON here")
     memory.set_defaults(run=_main_of("minivla_wmrl.bench.train_memory"))
     return parser

@@ -242,7 +242,8 @@ class Pipeline:
     def eval_config(self, checkpoint: Path, out: Path) -> EvalConfig:
         """The recipe's evaluation protocol for one checkpoint (suite, tasks and images connected)."""
         protocol = {f.name: getattr(self.r.eval, f.name) for f in fields(EvalProtocol)}
-        return EvalConfig(**protocol, checkpoint=str(checkpoint), out=str(out), device=self.r.sft.policy.device)
+        return EvalConfig(**protocol, checkpoint=str(checkpoint), out=str(out), device=self.r.sft.policy.device,
+                          decoding=self.r.grpo.policy.decoding)
 
     def run(self, stages=STAGES, skip_finished: bool = False) -> dict:
         """Run `stages` in order; `skip_finished` keeps the outputs of stages already complete."""

@@ -222,12 +222,12 @@ def test_damaged_model_files_are_named(tmp_path, kind, damage, message):
 
 def test_what_a_resume_or_an_ablation_cell_may_change_is_derived_from_the_declarations():
     """The lists come from the RESUMABLE / RUNTIME marks on the settings; these are what they must hold
-    (the hand-kept lists they replaced, plus the env timeouts and activation checkpointing)."""
+    (the hand-kept lists they replaced, plus the env timeouts, activation checkpointing and decoding)."""
     from minivla_wmrl.ablation import CELL_MAY_DIFFER
     from minivla_wmrl.train import grpo, sft, wm
 
-    runtime = {"out", "resume", "policy.device", "policy.activation_checkpointing", "env.backend", "env.ray_address",
-               "env.envs_per_worker", "env.step_timeout_s", "env.start_timeout_s"}
+    runtime = {"out", "resume", "policy.device", "policy.activation_checkpointing", "policy.decoding", "env.backend",
+               "env.ray_address", "env.envs_per_worker", "env.step_timeout_s", "env.start_timeout_s"}
     assert set(CELL_MAY_DIFFER) == runtime
     assert set(grpo.RESUMABLE_CHANGES) == runtime | {"policy.fsdp", "grpo.steps", "grpo.save_every",
                                                      "grpo.real_step_budget"}

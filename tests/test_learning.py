@@ -117,14 +117,17 @@ def test_truncated_execution_runs_on_a_gymnasium_env(start, tmp_path):
     assert history[-1]["truncated_episodes"] > 0 and history[-1]["samples"] > 0
 
 
-def test_activation_checkpointing_leaves_a_grpo_run_unchanged(start, tmp_path):
-    """The same two steps with the update's activations recomputed: the same losses and successes."""
+def test_activation_checkpointing_and_static_decoding_leave_a_grpo_run_unchanged(start, tmp_path):
+    """The same two steps with the update's activations recomputed, and with the rollouts decoded on a
+    static KV cache: the same losses and successes."""
     runs = []
-    for checkpointing in (False, True):
-        recipe = learning_recipe(start, tmp_path / str(checkpointing), steps=2)
-        recipe.policy.activation_checkpointing = checkpointing
+    for name, setting, value in (("plain", "activation_checkpointing", False),
+                                 ("recomputed", "activation_checkpointing", True), ("static", "decoding", "static")):
+        recipe = learning_recipe(start, tmp_path / name, steps=2)
+        setattr(recipe.policy, setting, value)
         runs.append(train_grpo(recipe, progress=False)["history"])
     keys = ("success_rate", "loss", "entropy", "approx_kl", "clip_high", "grad_norm")
-    for plain, recomputed in zip(*runs):
-        for key in keys:
-            assert recomputed.get(key) == pytest.approx(plain.get(key), rel=1e-5, abs=1e-7), key
+    for plain, *others in zip(*runs):
+        for other in others:
+            for key in keys:
+                assert other.get(key) == pytest.approx(plain.get(key), rel=1e-5, abs=1e-7), key

@@ -62,6 +62,60 @@ def test_batched_generation_equals_one_env_at_a_time(policy, images):
         torch.testing.assert_close(single.log_probs[0], batched.log_probs[i], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("decoding", ["static", "compiled"])
+def test_static_and_compiled_decoding_give_the_dynamic_caches_tokens(decoding):
+    """Batches that share a bucket (7 then 5 rows, prompts of different lengths), one in a smaller
+    bucket (3), greedy and per-row uniforms, and a LoRA-wrapped language model: the same tokens as the
+    dynamic cache, the same log-probs to float precision; a bucket's buffers are reused, not rebuilt."""
+    policy = make_policy(seed=4)
+    rng = np.random.default_rng(4)
+    images = rng.integers(0, 256, (7, 224, 224, 3), dtype=np.uint8)
+    instructions = [INSTRUCTIONS[i % 3] for i in range(7)]
+    uniforms = rng.random((7, 7))
+
+    def queries(rows: list[int]):
+        return (policy.generate(images[rows], [instructions[i] for i in rows]),
+                policy.generate(images[rows], [instructions[i] for i in rows], temperature=1.0,
+                                uniforms=uniforms[rows]))
+
+    batches = [list(range(7)), [1, 2, 4, 5, 6], [1, 2, 4]]  # [1, 2, 4]: no row with the longest prompt
+    for lora in (False, True):
+        if lora:
+            policy.add_lora(r=4, alpha=8)
+            with torch.no_grad():
+                for name, parameter in policy.llm.named_parameters():
+                    if "lora_B" in name:
+                        parameter.normal_(std=0.5)
+        policy.set_decoding("dynamic")
+        expected = [queries(rows) for rows in batches]
+        policy.set_decoding(decoding)
+        for rows, reference in zip(batches, expected):
+            for query, exact in zip(queries(rows), reference):
+                assert torch.equal(query.token_ids, exact.token_ids), (decoding, lora, rows)
+                torch.testing.assert_close(query.log_probs, exact.log_probs, atol=1e-5, rtol=0)
+        buckets = policy._static_decoders[decoding].buckets
+        assert sorted(key[0] for key in buckets) == [4, 8]  # with the adapters too: the same buffers
+
+
+def test_attention_runs_in_fused_kernels(policy):
+    """Both ViTs and the language model call torch's scaled_dot_product_attention (flash or
+    memory-efficient kernels on CUDA), not an eager softmax(QK^T)V."""
+    assert policy.llm.config._attn_implementation == "sdpa"
+    for vit in (policy.vision.dino_featurizer, policy.vision.siglip_featurizer):
+        assert all(block.attn.fused_attn for block in vit.blocks)
+
+
+def test_static_decoding_in_bfloat16_gives_the_dynamic_caches_tokens(images):
+    policy = make_policy(seed=3).to(torch.bfloat16)
+    exact = policy.generate(images, INSTRUCTIONS)
+    policy.set_decoding("static")
+    query = policy.generate(images, INSTRUCTIONS)
+    assert torch.equal(query.token_ids, exact.token_ids)
+    torch.testing.assert_close(query.log_probs, exact.log_probs, atol=1e-2, rtol=0)
+    with pytest.raises(ValueError, match="decoding 'graphs': expected one of"):
+        policy.set_decoding("graphs")
+
+
 def test_tokens_decode_to_unnormalised_env_actions(policy):
     codes = torch.tensor([[0, 1, 2, 3, 4, 5, 127]])
     token_ids = policy.vocab_len - 1 - codes
@@ -252,10 +306,17 @@ def run_bench(tmp_path, *args: str) -> tuple[dict, str]:
 
 
 def test_bench_policy_measures_both_loops(tmp_path):
-    result, _ = run_bench(tmp_path, "policy", "--preset", "tiny", "--batch", "8", "--repeats", "1",
-                          "--naive-queries", "2")
+    result, printed = run_bench(tmp_path, "policy", "--preset", "tiny", "--batch", "8", "--repeats", "1",
+                                "--naive-queries", "2", "--decoding", "static")
     assert result["ratio"] == pytest.approx(result["batched_queries_per_s"] / result["naive_queries_per_s"])
-    assert result["achieved_tflops"] == pytest.approx(result["tflop_per_query"] * result["batched_queries_per_s"])
+    static = result["decodings"]["static"]
+    assert set(result["decodings"]) == {"dynamic", "static"} and "static decoding (same tokens)" in printed
+    assert static["vs_dynamic"] == pytest.approx(static["queries_per_s"] / result["batched_queries_per_s"])
+    assert set(result["stage_seconds"]) == {"vision_and_projector", "prefill", "decode_steps"}
+    assert all(seconds > 0 for seconds in result["stage_seconds"].values())
+    best = result["decodings"][result["best_decoding"]]["queries_per_s"]
+    assert best == max(d["queries_per_s"] for d in result["decodings"].values())
+    assert result["achieved_tflops"] == pytest.approx(result["tflop_per_query"] * best)
     assert result["peak_tflops"] is None and result["fraction_of_peak"] is None  # a CPU: no known peak
 
 
@@ -386,3 +447,13 @@ def test_bench_train_memory_measures_both_steps_on_the_same_work(tmp_path):
     assert result["peak_mb"] > 100 and result["peak_mb_checkpointing"] > 100  # an interpreter with torch, at least
     assert result["ratio"] == pytest.approx(result["peak_mb"] / result["peak_mb_checkpointing"])
     assert "the same loss" in printed
+
+
+def test_bench_train_memory_takes_the_products_update_from_a_recipe(tmp_path):
+    """--recipe: the GRPO update as the recipe sets it (its minibatch, LoRA rank, preset), not the flags'."""
+    result, printed = run_bench(tmp_path, "train-memory", "--recipe", "recipes/rl_cpu.yaml", "--setting", "grpo")
+    assert (result["preset"], result["batch"], result["lora_r"], result["lora_alpha"]) == ("tiny", 32, 16, 32)
+    assert result["failed"] is None and "grpo step, policy tiny, batch 32" in printed
+    done = subprocess.run([sys.executable, "-m", "minivla_wmrl.cli", "bench", "train-memory", "--recipe",
+                           "recipes/rl_cpu.yaml", "--batch", "4"], capture_output=True, text=True)
+    assert done.returncode != 0 and "--batch would contradict it" in done.stderr

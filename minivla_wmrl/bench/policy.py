@@ -2,8 +2,13 @@
 and how much of the hardware the batched generation uses.
 
 The naive loop is what a simple rollout does: one environment at a time, and every one of the 7
-action tokens recomputes the whole sequence (no cache). Both run side by side on the same random
-weights, images and instructions.
+action tokens recomputes the whole sequence (no cache), greedily. The batched call is timed as
+rollouts make it (sampled from per-row uniforms; its greedy tokens are what the naive loop must
+reproduce) in each decoding asked for (`--decoding`: dynamic, static, compiled; see
+`policy/decoding.py`), each checked to give the dynamic cache's tokens before its rate is printed.
+All run side by side on the same random weights, images and instructions. The dynamic call is also
+split into its stages (vision + projector, the language model's prefill, the 6 decode steps), and
+`--profile` adds torch.profiler's table of the ops of one call: where a query's time goes.
 
 Utilisation: the FLOPs of one batched `generate` call are counted by torch's `FlopCounterMode` on
 the call itself (every matmul, convolution and attention the two ViTs, the projector, the prefill,
@@ -24,8 +29,9 @@ from tqdm import tqdm
 
 from minivla_wmrl.infra.outputs import write_json_output
 from minivla_wmrl.policy import MiniVLA, preset
-from minivla_wmrl.policy.config import DTYPES
 from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
+from minivla_wmrl.policy.config import DTYPES
+from minivla_wmrl.policy.decoding import DECODINGS, DynamicDecoding
 from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
 
 INSTRUCTIONS = ["close the top drawer of the cabinet", "put the black bowl on the plate",
@@ -69,51 +75,135 @@ def naive_query(policy: MiniVLA, image: np.ndarray, instruction: str) -> torch.T
     return torch.stack(tokens, dim=1)
 
 
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(torch.device(device))
+
+
+@torch.no_grad()
+def stage_seconds(policy: MiniVLA, images: np.ndarray, instructions: list[str], device: str) -> dict:
+    """One dynamic-cache generate call timed stage by stage (greedy, the device synchronised between)."""
+    times, start = {}, time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal start
+        _synchronize(device)
+        times[name] = time.perf_counter() - start
+        start = time.perf_counter()
+
+    embeds, mask = policy.prefix(images, instructions)
+    lap("vision_and_projector")
+    decoding = DynamicDecoding(policy.llm, embeds, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+    lap("prefill")
+    token = decoding.logits.argmax(-1)
+    for _ in range(policy.config.num_action_tokens - 1):
+        token = decoding.advance(token).argmax(-1)
+    lap("decode_steps")
+    return times
+
+
+def profile_table(policy: MiniVLA, images: np.ndarray, instructions: list[str], device: str, rows: int = 25) -> str:
+    """torch.profiler's per-op table of one greedy call in the policy's current decoding, most time first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as profiler:
+        policy.generate(images, instructions)
+        _synchronize(device)
+    return profiler.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                         row_limit=rows)
+
+
+def timed_generate(policy: MiniVLA, images: np.ndarray, instructions: list[str], decodings: tuple[str, ...],
+                   repeats: int, device: str, seed: int) -> tuple[dict, dict]:
+    """The median seconds of `repeats` batched calls as rollouts make them (sampled at temperature 1 from
+    per-row uniforms) in each decoding, the decodings taking turns within each repeat (so a drift of the
+    machine's speed hits all alike) after one warm-up call each at the same batch (a compiled decoding
+    compiles there); and each decoding's tokens."""
+    uniforms = np.random.default_rng(seed).random((len(images), policy.config.num_action_tokens))
+    seconds, tokens = {d: [] for d in decodings}, {}
+
+    def rollout_query():
+        return policy.generate(images, instructions, temperature=1.0, uniforms=uniforms)
+
+    for decoding in decodings:
+        policy.set_decoding(decoding)
+        rollout_query()
+    for _ in tqdm(range(repeats), desc=f"batched x{len(images)}"):
+        for decoding in decodings:
+            policy.set_decoding(decoding)
+            _synchronize(device)
+            start = time.perf_counter()
+            tokens[decoding] = rollout_query().token_ids
+            _synchronize(device)
+            seconds[decoding].append(time.perf_counter() - start)
+    policy.set_decoding("dynamic")
+    return {d: float(np.median(s)) for d, s in seconds.items()}, tokens
+
+
 def bench_policy(preset_name: str = "small", batch: int = 64, repeats: int = 3, naive_queries: int = 8,
-                 device: str = "cpu", seed: int = 0, dtype: str = "float32", peak: float | None = None) -> dict:
+                 device: str = "cpu", seed: int = 0, dtype: str = "float32", peak: float | None = None,
+                 decodings: tuple[str, ...] = ("dynamic",), profile: bool = False) -> dict:
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+    unknown = set(decodings) - set(DECODINGS)
+    if unknown:
+        raise ValueError(f"--decoding {sorted(unknown)}: expected some of {DECODINGS}")
+    decodings = ("dynamic",) + tuple(d for d in DECODINGS if d in decodings and d != "dynamic")
     torch.manual_seed(seed)
     config = preset(preset_name)
     policy = MiniVLA(config, tiny_qwen_style_tokenizer(), ActionTokenizer()).to(device, DTYPES[dtype]).eval()
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (batch, config.image_size, config.image_size, 3), dtype=np.uint8)
     instructions = [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch)]
-    policy.generate(images[:2], instructions[:2])  # warm-up
-    batched = []
-    for _ in tqdm(range(repeats), desc=f"batched x{batch}"):
-        start = time.perf_counter()
-        query = policy.generate(images, instructions)
-        batched.append(time.perf_counter() - start)
+    seconds, decoded = timed_generate(policy, images, instructions, decodings, repeats, device, seed)
+    for decoding, tokens in decoded.items():
+        if not torch.equal(tokens, decoded["dynamic"]):
+            raise RuntimeError(f"{decoding} decoding gave other tokens than the dynamic cache's; the benchmark "
+                               "would compare different work")
+    rates = {d: batch / s for d, s in seconds.items()}
+    stages = stage_seconds(policy, images, instructions, device)
+    greedy = policy.generate(images, instructions).token_ids
     naive_queries = min(naive_queries, batch)
     start = time.perf_counter()
-    for i in tqdm(range(naive_queries), desc="naive"):
-        tokens = naive_query(policy, images[i], instructions[i])
-        if not torch.equal(tokens[0], query.token_ids[i]):
+    for i in tqdm(range(naive_queries), desc="naive"):  # greedy: the naive loop has no sampling to match
+        if not torch.equal(naive_query(policy, images[i], instructions[i])[0], greedy[i]):
             raise RuntimeError("naive and batched generation disagree; the benchmark would compare different work")
-    naive_s = time.perf_counter() - start
-    batched_qps = batch / float(np.median(batched))
-    naive_qps = naive_queries / naive_s
+    naive_qps = naive_queries / (time.perf_counter() - start)
     flops_per_query = generation_flops(policy, images, instructions) / batch
-    achieved = flops_per_query * batched_qps / 1e12
+    best = max(rates, key=rates.get)
+    policy.set_decoding(best)
+    table = profile_table(policy, images, instructions, device) if profile else None
+    achieved = flops_per_query * rates[best] / 1e12
     peak = peak_tflops(device, dtype, peak)
     return {"preset": preset_name, "batch": batch, "device": device, "dtype": dtype,
-            "batched_queries_per_s": batched_qps, "naive_queries_per_s": naive_qps, "ratio": batched_qps / naive_qps,
-            "repeats": repeats, "naive_queries": naive_queries,
-            "parameters": sum(p.numel() for p in policy.parameters()),
-            "tflop_per_query": flops_per_query / 1e12, "achieved_tflops": achieved, "peak_tflops": peak,
-            "fraction_of_peak": achieved / peak if peak else None}
+            "batched_queries_per_s": rates["dynamic"], "naive_queries_per_s": naive_qps,
+            "ratio": rates["dynamic"] / naive_qps, "repeats": repeats, "naive_queries": naive_queries,
+            "decodings": {d: {"queries_per_s": r, "vs_dynamic": r / rates["dynamic"]} for d, r in rates.items()},
+            "stage_seconds": stages, "parameters": sum(p.numel() for p in policy.parameters()),
+            "tflop_per_query": flops_per_query / 1e12, "best_decoding": best, "achieved_tflops": achieved,
+            "peak_tflops": peak, "fraction_of_peak": achieved / peak if peak else None, "profile": table}
 
 
 def main(args) -> None:
     result = bench_policy(args.preset, args.batch, args.repeats, args.naive_queries, args.device, dtype=args.dtype,
-                          peak=args.peak_tflops)
+                          peak=args.peak_tflops, decodings=tuple(args.decoding), profile=args.profile)
     print(f"policy {result['preset']} ({result['parameters'] / 1e6:.1f} M params), {result['device']} "
           f"{result['dtype']}: batched KV-cache x{result['batch']}: {result['batched_queries_per_s']:.2f} queries/s; "
           f"one at a time, no cache: {result['naive_queries_per_s']:.2f} queries/s; ratio {result['ratio']:.1f}x")
+    for decoding, rate in result["decodings"].items():
+        if decoding != "dynamic":
+            print(f"  {decoding} decoding (same tokens): {rate['queries_per_s']:.2f} queries/s, "
+                  f"{rate['vs_dynamic']:.2f}x the dynamic cache's")
+    stages = result["stage_seconds"]
+    print("  one dynamic call: " + ", ".join(f"{name.replace('_', ' ')} {seconds:.3f} s"
+                                             for name, seconds in stages.items()))
     utilisation = (f"{100 * result['fraction_of_peak']:.1f}% of a {result['peak_tflops']:g} TFLOP/s peak"
                    if result["peak_tflops"] else "peak unknown (--peak-tflops)")
-    print(f"{result['tflop_per_query'] * 1e3:.2f} GFLOP per query: {result['achieved_tflops']:.3f} TFLOP/s achieved, "
-          f"{utilisation}")
+    print(f"{result['tflop_per_query'] * 1e3:.2f} GFLOP per query: {result['achieved_tflops']:.3f} TFLOP/s achieved "
+          f"({result['best_decoding']} decoding), {utilisation}")
+    if result["profile"]:
+        print(f"one call, {result['best_decoding']} decoding, by op:\n{result['profile']}")
     if args.json:
         write_json_output(Path(args.json), result)

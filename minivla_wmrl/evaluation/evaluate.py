@@ -54,6 +54,7 @@ from minivla_wmrl.infra.outputs import check_output_dir, create_output_dir
 from minivla_wmrl.infra.run_checkpoint import RUN_FILES
 from minivla_wmrl.infra.versions import record_versions
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
+from minivla_wmrl.policy.decoding import Decoding
 from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.rl.env_setup import EnvSetup
 from minivla_wmrl.rl.init_states import (
@@ -121,6 +122,9 @@ class EvalConfig(EvalProtocol):
     tasks: list[str] = field(default_factory=list, metadata=_help(
         "task indices or names (default: every task of the suite)"))
     device: str = field(default="cpu", metadata=_help("torch device"))
+    decoding: Decoding = field(default="dynamic", metadata=_help(
+        "the policy's decode steps: dynamic, static (preallocated KV cache) or compiled (+ torch.compile); "
+        "the same tokens"))
 
 
 HASH_PROGRESS_BYTES = 256 << 20  # checkpoints larger than this hash behind a progress bar (MiniVLA-1B: ~5 GB)
@@ -323,6 +327,7 @@ def evaluate(config: EvalConfig, progress: bool = True) -> dict:
         action_dim = LiberoEnv.action_dim
     checkpoint = pretrained_directory(config.checkpoint, "policy checkpoint")
     policy = MiniVLA.from_pretrained(checkpoint, device=config.device, dtype=DTYPES[config.dtype])
+    policy.set_decoding(config.decoding)
     _check_policy(policy, config.checkpoint, action_dim)
 
     out = create_output_dir(Path(config.out), "eval")

@@ -21,6 +21,7 @@ from minivla_wmrl.infra.outputs import replaced_directory
 from minivla_wmrl.infra.run_checkpoint import load_weights
 from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
 from minivla_wmrl.policy.config import MiniVLAConfig
+from minivla_wmrl.policy.decoding import Decoding, DynamicDecoding, StaticDecoder, check_decoding
 from minivla_wmrl.policy.normalization import ActionStatistics, gripper_to_env
 from minivla_wmrl.policy.storage import read_policy, write_policy
 from minivla_wmrl.policy.tokenizer import END_TOKENS, build_prompt, check_action_tokens
@@ -123,6 +124,8 @@ class MiniVLA(nn.Module, AtomicPretrained):
         self.tokenizer, self.statistics = tokenizer, statistics
         object.__setattr__(self, "action_tokenizer", action_tokenizer.eval())  # saved on its own, kept on the CPU
         self._prompt_ids: dict[str, list[int]] = {}
+        self.decoding: Decoding = "dynamic"
+        object.__setattr__(self, "_static_decoders", {})  # by decoding: kept, so switching back does not recompile
 
     @property
     def vocab_len(self) -> int:
@@ -169,6 +172,14 @@ class MiniVLA(nn.Module, AtomicPretrained):
             llm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             llm.activation_checkpointing_disable()
+
+    def set_decoding(self, decoding: Decoding) -> None:
+        """How `generate` runs its decode steps (`policy.decoding`): "dynamic", "static" (a preallocated
+        KV cache) or "compiled" (that cache with the step under torch.compile; CUDA graphs on CUDA).
+        All three give the same tokens; see `policy/decoding.py` for what each costs."""
+        self.decoding = check_decoding(decoding)
+        if decoding != "dynamic" and decoding not in self._static_decoders:
+            self._static_decoders[decoding] = StaticDecoder(compiled=decoding == "compiled")
 
     def add_lora(self, r: int = 16, alpha: int = 32, dropout: float = 0.0, targets=LORA_TARGETS) -> None:
         """Wrap the language model with peft LoRA adapters; only the adapters of the LLM train."""
@@ -230,7 +241,7 @@ class MiniVLA(nn.Module, AtomicPretrained):
         if self.config.center_crop:
             images = torch.from_numpy(center_crop(images.numpy()))
         images = images.reshape(-1, size, size, 3).permute(0, 3, 1, 2)
-        return images.to(self.device, self.dtype) / 255.0
+        return images.to(self.device).to(self.dtype) / 255.0  # moved as uint8: a quarter of float32's bytes
 
     def embed_images(self, images) -> torch.Tensor:
         """(B, [num_images,] H, W, 3) uint8 → projected patch embeddings (B, num_images × patches, llm_dim)."""
@@ -264,43 +275,42 @@ class MiniVLA(nn.Module, AtomicPretrained):
     @torch.no_grad()
     def generate(self, images, instructions: list[str], temperature: float = 0.0,
                  generator: torch.Generator | None = None, uniforms: np.ndarray | None = None) -> ActionQuery:
-        """Generate the action tokens of a whole batch with one KV cache (greedy when temperature is 0).
+        """Generate the action tokens of a whole batch with one KV cache (greedy when temperature is 0;
+        the cache and decode steps as `set_decoding` chose).
 
         Sampling draws from `generator`, or, when `uniforms` (B, 7) in [0, 1) are given, picks each
         token by inverse CDF from its row's uniform: a row's sample then depends only on its own
         noise, whatever else is in the batch (rollouts give each episode its own RNG this way).
         """
         if uniforms is not None:
-            uniforms = torch.as_tensor(np.asarray(uniforms), dtype=torch.float64)
+            uniforms = torch.as_tensor(np.asarray(uniforms), dtype=torch.float64, device=self.device)
             if uniforms.shape != (len(instructions), self.config.num_action_tokens):
                 raise ValueError(f"uniforms have shape {tuple(uniforms.shape)}; expected "
                                  f"({len(instructions)}, {self.config.num_action_tokens})")
         embeds, mask = self.prefix(images, instructions)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
-                       logits_to_keep=1)
-        cache, next_position = out.cache, positions[:, -1:] + 1
+        n = self.config.num_action_tokens
+        if self.decoding == "dynamic":
+            decoding = DynamicDecoding(self.llm, embeds, mask, positions)
+        else:
+            decoding = self._static_decoders[self.decoding].begin(self.llm, embeds, mask, positions, n)
+        logits = decoding.logits
         tokens, log_probs = [], []
-        embed = self.llm.get_input_embeddings()
-        for step in range(self.config.num_action_tokens):
-            logits = out.logits[:, -1].float()
+        for step in range(n):
+            logits = logits.float()
             scaled = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
             if temperature > 0 and uniforms is not None:
                 cdf = scaled.double().exp().cumsum(-1)
-                u = (uniforms[:, step:step + 1] * cdf[:, -1:].cpu()).to(cdf.device)
-                token = torch.searchsorted(cdf, u)[:, 0].clamp(max=cdf.shape[1] - 1)
+                token = torch.searchsorted(cdf, uniforms[:, step:step + 1] * cdf[:, -1:])[:, 0]
+                token = token.clamp(max=cdf.shape[1] - 1)
             elif temperature > 0:
                 token = torch.multinomial(scaled.exp(), 1, generator=generator)[:, 0]
             else:
                 token = logits.argmax(-1)
             tokens.append(token)
             log_probs.append(scaled.gather(-1, token[:, None])[:, 0])
-            if step + 1 == self.config.num_action_tokens:
-                break
-            mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
-            out = self.llm(inputs_embeds=embed(token[:, None]), attention_mask=mask, position_ids=next_position,
-                           cache=cache, use_cache=True, logits_to_keep=1)
-            cache, next_position = out.cache, next_position + 1
+            if step + 1 < n:
+                logits = decoding.advance(token)
         token_ids = torch.stack(tokens, dim=1)
         return self.decode_tokens(token_ids, torch.stack(log_probs, dim=1))
 
@@ -316,7 +326,8 @@ class MiniVLA(nn.Module, AtomicPretrained):
         embeds = torch.cat([embeds, self.llm.get_input_embeddings()(targets[:, :-1])], dim=1)
         mask = torch.cat([mask, mask.new_ones(len(mask), n - 1)], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, logits_to_keep=n).logits
+        return self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=False,
+                        logits_to_keep=n).logits
 
     def score(self, images, instructions: list[str], token_ids: torch.Tensor,
               temperature: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -87,6 +87,7 @@ from minivla_wmrl.infra.run_checkpoint import (
 )
 from minivla_wmrl.infra.run_log import MetricsLog
 from minivla_wmrl.policy.config import DTYPES, PolicyDtype
+from minivla_wmrl.policy.decoding import Decoding
 from minivla_wmrl.policy.minivla import MiniVLA
 from minivla_wmrl.policy.storage import write_policy
 from minivla_wmrl.rl.advantages import group_advantages, shuffle_within_groups, weight_anchor_advantages
@@ -185,6 +186,9 @@ class GRPOPolicy:
     fsdp: Annotated[bool, RESUMABLE] = False
     # recompute activations in the update's backward pass (ViT blocks, LM layers): less memory, same gradients
     activation_checkpointing: Annotated[bool, RUNTIME] = False
+    # how rollouts run the decode steps: dynamic | static (preallocated KV cache) | compiled (+ torch.compile,
+    # CUDA graphs on CUDA); the same tokens, see policy/decoding.py
+    decoding: Annotated[Decoding, RUNTIME] = "dynamic"
 
 
 @dataclass(kw_only=True)
@@ -402,9 +406,13 @@ class GRPOTrainer:
     def _build_policy(self, resume: tuple[Path, dict] | None) -> None:
         """The policy (its adapters, sharded under torchrun with fsdp), the KL reference, the optimiser."""
         grpo, p = self.recipe.grpo, self.recipe.policy
+        if p.fsdp and self.dist.enabled and p.decoding == "compiled":
+            raise ValueError("policy.decoding 'compiled' with policy.fsdp: a sharded policy gathers its weights in "
+                             "hooks a compiled decode step would capture; use 'static' or 'dynamic'")
         self.policy = MiniVLA.from_pretrained(p.checkpoint, device=p.device, dtype=DTYPES[p.dtype])
         self.policy.configure_training(p.lora, p.lora_r, p.lora_alpha, p.freeze_vision, fresh_adapters=True)
         self.policy.set_activation_checkpointing(p.activation_checkpointing)
+        self.policy.set_decoding(p.decoding)
         if resume is not None:
             load_weights(self.policy, resume[0] / "model.safetensors")
         self.sharded = p.fsdp and self.dist.enabled

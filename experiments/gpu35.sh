@@ -1,0 +1,31 @@
+#!/bin/bash
+# Issue 35, the GPU figures in one run (about 6 minutes on one H100/H200): MiniVLA-1B generation in bf16
+# at batch 64 and 256 (dynamic, static and compiled decoding side by side, the same tokens checked; the
+# stages of one call; the per-op profile at 64), fp32 at 64, and the peak memory of an SFT step at batch
+# 64 and of the product's GRPO update (recipes/libero_90.yaml's LoRA minibatch), each with and without
+# activation checkpointing. Writes JSON under OUT (default runs/bench/gpu35).
+# Needs torch with CUDA and the project's Python dependencies (../shared/reference/gpu.md lists what a
+# stock CUDA + PyTorch image lacks). Checked on the CPU with the tiny preset:
+#   PRESET=tiny DEVICE=cpu BATCHES="8 16" SFT_BATCH=2 RECIPE=recipes/rl_cpu.yaml experiments/gpu35.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PRESET=${PRESET:-minivla-1b}
+DEVICE=${DEVICE:-cuda}
+BATCHES=${BATCHES:-64 256}
+SFT_BATCH=${SFT_BATCH:-64}
+RECIPE=${RECIPE:-recipes/libero_90.yaml}
+OUT=${OUT:-runs/bench/gpu35}
+BENCH="python -m minivla_wmrl.cli bench"
+mkdir -p "$OUT"
+first=1
+for batch in $BATCHES; do
+  profile=$([ $first = 1 ] && echo --profile || true)
+  $BENCH policy --preset "$PRESET" --device "$DEVICE" --dtype bfloat16 --batch "$batch" --repeats 5 \
+    --naive-queries 4 --decoding static compiled $profile --json "$OUT/policy_bf16_b$batch.json"
+  first=0
+done
+$BENCH policy --preset "$PRESET" --device "$DEVICE" --dtype float32 --batch "${BATCHES%% *}" --repeats 3 \
+  --naive-queries 2 --decoding compiled --json "$OUT/policy_fp32_b${BATCHES%% *}.json"
+$BENCH train-memory --preset "$PRESET" --device "$DEVICE" --dtype bfloat16 --setting sft --batch "$SFT_BATCH" \
+  --json "$OUT/train_memory_sft_b$SFT_BATCH.json"
+$BENCH train-memory --recipe "$RECIPE" --setting grpo --device "$DEVICE" --json "$OUT/train_memory_grpo_recipe.json"
