@@ -4,8 +4,10 @@
 # stages of one call; the per-op profile at 64), fp32 at 64, and the peak memory of an SFT step at batch
 # 64 and of the product's GRPO update (recipes/libero_90.yaml's LoRA minibatch), each with and without
 # activation checkpointing. Writes JSON under OUT (default runs/bench/gpu35).
-# Needs torch with CUDA and the project's Python dependencies (../shared/reference/gpu.md lists what a
-# stock CUDA + PyTorch image lacks). Checked on the CPU with the tiny preset:
+# Needs torch with CUDA and the policy's Python dependencies: on the device tool's machines, the wheels
+# experiments/gpu35_wheels.sh gathers here (its header has the device command). Checked on the CPU with
+# the tiny preset, in the project's venv and in one that has the machines' transformers 5.17 and
+# huggingface_hub 1.33 under those wheels:
 #   PRESET=tiny DEVICE=cpu BATCHES="8 16" SFT_BATCH=2 RECIPE=recipes/rl_cpu.yaml experiments/gpu35.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +17,7 @@ BATCHES=${BATCHES:-64 256}
 SFT_BATCH=${SFT_BATCH:-64}
 RECIPE=${RECIPE:-recipes/libero_90.yaml}
 OUT=${OUT:-runs/bench/gpu35}
-BENCH="python -m minivla_wmrl.cli bench"
+BENCH="${PYTHON:-python3} -m minivla_wmrl.cli bench"
 mkdir -p "$OUT"
 first=1
 for batch in $BATCHES; do

@@ -27,12 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minivla_wmrl.bench.policy import INSTRUCTIONS
+from minivla_wmrl.bench.policy import INSTRUCTIONS, random_policy
 from minivla_wmrl.infra.outputs import write_json_output
-from minivla_wmrl.policy import MiniVLA, preset
-from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
 from minivla_wmrl.policy.config import DTYPES
-from minivla_wmrl.policy.tokenizer import tiny_qwen_style_tokenizer
 
 SETTINGS = ("sft", "grpo")
 
@@ -78,11 +75,11 @@ def recipe_step(path: str, setting: str) -> TrainStep:
 def step_peak(step: TrainStep, checkpointing: bool, seed: int = 0) -> dict:
     """One training step in this process; its loss and peak memory in MB (None for both: out of memory)."""
     torch.manual_seed(seed)
-    config = preset(step.preset)
     cuda = step.device.startswith("cuda")
     sft = step.setting == "sft"
     weights = torch.float32 if sft else DTYPES[step.dtype]  # sft keeps float32 weights and autocasts
-    policy = MiniVLA(config, tiny_qwen_style_tokenizer(), ActionTokenizer()).to(step.device, weights)
+    policy = random_policy(step.preset, step.device, weights)
+    config = policy.config
     policy.configure_training(lora=not sft, lora_r=step.lora_r, lora_alpha=step.lora_alpha, freeze_vision=not sft)
     policy.set_activation_checkpointing(checkpointing)
     policy.train()
