@@ -73,15 +73,16 @@ class StaticDecoder:
     def __init__(self, compiled: bool):
         self.compiled = compiled
         self.buckets: dict[tuple, dict] = {}
-        self._step = None
+        self._steps: dict[str, object] = {}  # compiled steps by device type
 
     def step_function(self, device: torch.device):
         if not self.compiled:
             return _decode_step
-        if self._step is None:
+        if device.type not in self._steps:
             # "reduce-overhead" captures CUDA graphs; on other devices it would only warn and fall back
-            self._step = torch.compile(_decode_step, mode="reduce-overhead" if device.type == "cuda" else None)
-        return self._step
+            self._steps[device.type] = torch.compile(_decode_step,
+                                                     mode="reduce-overhead" if device.type == "cuda" else None)
+        return self._steps[device.type]
 
     def begin(self, llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
               new_tokens: int) -> StaticDecoding:
