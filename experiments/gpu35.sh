@@ -9,7 +9,7 @@
 # the tiny preset, in the project's venv and in one that has the machines' transformers 5.17 and
 # huggingface_hub 1.33 under those wheels:
 #   PRESET=tiny DEVICE=cpu BATCHES="8 16" SFT_BATCH=2 RECIPE=recipes/rl_cpu.yaml experiments/gpu35.sh
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PRESET=${PRESET:-minivla-1b}
 DEVICE=${DEVICE:-cuda}
@@ -17,17 +17,20 @@ BATCHES=${BATCHES:-64 256}
 SFT_BATCH=${SFT_BATCH:-64}
 RECIPE=${RECIPE:-recipes/libero_90.yaml}
 OUT=${OUT:-runs/bench/gpu35}
-BENCH="${PYTHON:-python3} -m minivla_wmrl.cli bench"
 mkdir -p "$OUT"
-first=1
-for batch in $BATCHES; do
-  profile=$([ $first = 1 ] && echo --profile || true)
-  $BENCH policy --preset "$PRESET" --device "$DEVICE" --dtype bfloat16 --batch "$batch" --repeats 5 \
-    --naive-queries 4 --decoding static compiled $profile --json "$OUT/policy_bf16_b$batch.json"
-  first=0
-done
-$BENCH policy --preset "$PRESET" --device "$DEVICE" --dtype float32 --batch "${BATCHES%% *}" --repeats 3 \
-  --naive-queries 2 --decoding compiled --json "$OUT/policy_fp32_b${BATCHES%% *}.json"
-$BENCH train-memory --preset "$PRESET" --device "$DEVICE" --dtype bfloat16 --setting sft --batch "$SFT_BATCH" \
+failed=0
+bench() {  # one measurement; a failure is reported and the rest still run (one device session for all)
+  "${PYTHON:-python3}" -m minivla_wmrl.cli bench "$@" || { echo "FAILED: bench $*"; failed=1; }
+}
+bench train-memory --preset "$PRESET" --device "$DEVICE" --dtype bfloat16 --setting sft --batch "$SFT_BATCH" \
   --json "$OUT/train_memory_sft_b$SFT_BATCH.json"
-$BENCH train-memory --recipe "$RECIPE" --setting grpo --device "$DEVICE" --json "$OUT/train_memory_grpo_recipe.json"
+bench train-memory --recipe "$RECIPE" --setting grpo --device "$DEVICE" --json "$OUT/train_memory_grpo_recipe.json"
+profile=--profile
+for batch in $BATCHES; do
+  bench policy --preset "$PRESET" --device "$DEVICE" --dtype bfloat16 --batch "$batch" --repeats 5 \
+    --naive-queries 4 --decoding static compiled $profile --json "$OUT/policy_bf16_b$batch.json"
+  profile=
+done
+bench policy --preset "$PRESET" --device "$DEVICE" --dtype float32 --batch "${BATCHES%% *}" --repeats 3 \
+  --naive-queries 2 --decoding compiled --json "$OUT/policy_fp32_b${BATCHES%% *}.json"
+exit $failed

@@ -78,7 +78,8 @@ def test_static_and_compiled_decoding_give_the_dynamic_caches_tokens(decoding):
                 policy.generate(images[rows], [instructions[i] for i in rows], temperature=1.0,
                                 uniforms=uniforms[rows]))
 
-    batches = [list(range(7)), [1, 2, 4, 5, 6], [1, 2, 4]]  # [1, 2, 4]: no row with the longest prompt
+    # [1, 2, 4, 5, 2]: the bucket of the first batch, without its longest prompt; [1, 2, 4]: a smaller bucket
+    batches = [list(range(7)), [1, 2, 4, 5, 2], [1, 2, 4]]
     for lora in (False, True):
         if lora:
             policy.add_lora(r=4, alpha=8)
@@ -106,12 +107,17 @@ def test_attention_runs_in_fused_kernels(policy):
 
 
 def test_static_decoding_in_bfloat16_gives_the_dynamic_caches_tokens(images):
-    policy = make_policy(seed=3).to(torch.bfloat16)
+    """Greedy, after the policy was cast from float32: its float32 buffers are freed, not kept beside."""
+    policy = make_policy(seed=3)
+    policy.set_decoding("static")
+    policy.generate(images, INSTRUCTIONS)
+    policy.to(torch.bfloat16).set_decoding("dynamic")
     exact = policy.generate(images, INSTRUCTIONS)
     policy.set_decoding("static")
     query = policy.generate(images, INSTRUCTIONS)
     assert torch.equal(query.token_ids, exact.token_ids)
     torch.testing.assert_close(query.log_probs, exact.log_probs, atol=1e-2, rtol=0)
+    assert [key[2] for key in policy._static_decoders["static"].buckets] == [torch.bfloat16]
     with pytest.raises(ValueError, match="decoding 'graphs': expected one of"):
         policy.set_decoding("graphs")
 
@@ -310,7 +316,8 @@ def test_bench_policy_measures_both_loops(tmp_path):
                                 "--naive-queries", "2", "--decoding", "static")
     assert result["ratio"] == pytest.approx(result["batched_queries_per_s"] / result["naive_queries_per_s"])
     static = result["decodings"]["static"]
-    assert set(result["decodings"]) == {"dynamic", "static"} and "static decoding (same tokens)" in printed
+    assert set(result["decodings"]) == {"dynamic", "static"} and static["token_agreement"] == 1.0  # float32
+    assert "static decoding (100.0% of tokens as the dynamic cache's)" in printed
     assert static["vs_dynamic"] == pytest.approx(static["queries_per_s"] / result["batched_queries_per_s"])
     assert set(result["stage_seconds"]) == {"vision_and_projector", "prefill", "decode_steps"}
     assert all(seconds > 0 for seconds in result["stage_seconds"].values())
@@ -318,6 +325,20 @@ def test_bench_policy_measures_both_loops(tmp_path):
     assert best == max(d["queries_per_s"] for d in result["decodings"].values())
     assert result["achieved_tflops"] == pytest.approx(result["tflop_per_query"] * best)
     assert result["peak_tflops"] is None and result["fraction_of_peak"] is None  # a CPU: no known peak
+
+
+def test_the_bench_compares_tokens_exactly_in_float32_and_up_to_rounding_in_bfloat16():
+    from minivla_wmrl.bench.policy import same_work
+
+    reference = torch.arange(100)
+    one_off = reference.clone()
+    one_off[0] = -1
+    assert same_work("static decoding", reference, reference, "float32") == 1.0
+    assert same_work("compiled decoding", one_off, reference, "bfloat16") == pytest.approx(0.99)
+    with pytest.raises(RuntimeError, match=r"compiled decoding gave other tokens .*99.0% agree; 100% required"):
+        same_work("compiled decoding", one_off, reference, "float32")
+    with pytest.raises(RuntimeError, match="90.0% agree; 95% required in bfloat16"):
+        same_work("compiled decoding", torch.where(reference < 10, -1, reference), reference, "bfloat16")
 
 
 def test_generation_flops_are_counted_per_query_whatever_the_batch():

@@ -5,7 +5,8 @@ The naive loop is what a simple rollout does: one environment at a time, and eve
 action tokens recomputes the whole sequence (no cache), greedily. The batched call is timed as
 rollouts make it (sampled from per-row uniforms; its greedy tokens are what the naive loop must
 reproduce) in each decoding asked for (`--decoding`: dynamic, static, compiled; see
-`policy/decoding.py`), each checked to give the dynamic cache's tokens before its rate is printed.
+`policy/decoding.py`), each checked to give the dynamic cache's tokens before its rate is printed
+(all of them in float32; in bfloat16, whose rounding moves near-boundary samples, 95%).
 All run side by side on the same random weights, images and instructions. The dynamic call is also
 split into its stages (vision + projector, the language model's prefill, the 6 decode steps), and
 `--profile` adds torch.profiler's table of the ops of one call: where a query's time goes.
@@ -124,6 +125,22 @@ def profile_table(policy: MiniVLA, images: np.ndarray, instructions: list[str], 
                                          row_limit=rows)
 
 
+# the share of tokens that must equal the baseline's before a rate is printed: float32 computes them
+# exactly alike; bfloat16 rounding (fused or batched kernels) moves a sampled token whose uniform sits
+# near a CDF boundary, and a greedy one at a near-tie (policy/decoding.py)
+REQUIRED_AGREEMENT = {"float32": 1.0, "bfloat16": 0.95}
+
+
+def same_work(what: str, tokens: torch.Tensor, reference: torch.Tensor, dtype: str) -> float:
+    """The share of `tokens` equal to `reference`; refused below what `dtype` allows."""
+    agreement = (tokens.cpu() == reference.cpu()).float().mean().item()
+    if agreement < REQUIRED_AGREEMENT[dtype]:
+        raise RuntimeError(f"{what} gave other tokens than the baseline's ({agreement:.1%} agree; "
+                           f"{REQUIRED_AGREEMENT[dtype]:.0%} required in {dtype}): the benchmark would compare "
+                           "different work")
+    return agreement
+
+
 def timed_generate(policy: MiniVLA, images: np.ndarray, instructions: list[str], decodings: tuple[str, ...],
                    repeats: int, device: str, seed: int) -> tuple[dict, dict]:
     """The median seconds of `repeats` batched calls as rollouts make them (sampled at temperature 1 from
@@ -167,19 +184,15 @@ def bench_policy(preset_name: str = "small", batch: int = 64, repeats: int = 3, 
     images = rng.integers(0, 256, (batch, config.image_size, config.image_size, 3), dtype=np.uint8)
     instructions = [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(batch)]
     seconds, decoded = timed_generate(policy, images, instructions, decodings, repeats, device, seed)
-    for decoding, tokens in decoded.items():
-        if not torch.equal(tokens, decoded["dynamic"]):
-            raise RuntimeError(f"{decoding} decoding gave other tokens than the dynamic cache's; the benchmark "
-                               "would compare different work")
+    agreement = {d: same_work(f"{d} decoding", tokens, decoded["dynamic"], dtype) for d, tokens in decoded.items()}
     rates = {d: batch / s for d, s in seconds.items()}
     stages = stage_seconds(policy, images, instructions, device)
     greedy = policy.generate(images, instructions).token_ids
     naive_queries = min(naive_queries, batch)
     start = time.perf_counter()
-    for i in tqdm(range(naive_queries), desc="naive"):  # greedy: the naive loop has no sampling to match
-        if not torch.equal(naive_query(policy, images[i], instructions[i])[0], greedy[i]):
-            raise RuntimeError("naive and batched generation disagree; the benchmark would compare different work")
+    naive = [naive_query(policy, images[i], instructions[i])[0] for i in tqdm(range(naive_queries), desc="naive")]
     naive_qps = naive_queries / (time.perf_counter() - start)
+    same_work("the naive loop", torch.stack(naive), greedy[:naive_queries], dtype)  # greedy: it has no sampling
     flops_per_query = generation_flops(policy, images, instructions) / batch
     best = max(rates, key=rates.get)
     policy.set_decoding(best)
@@ -189,7 +202,8 @@ def bench_policy(preset_name: str = "small", batch: int = 64, repeats: int = 3, 
     return {"preset": preset_name, "batch": batch, "device": device, "dtype": dtype,
             "batched_queries_per_s": rates["dynamic"], "naive_queries_per_s": naive_qps,
             "ratio": rates["dynamic"] / naive_qps, "repeats": repeats, "naive_queries": naive_queries,
-            "decodings": {d: {"queries_per_s": r, "vs_dynamic": r / rates["dynamic"]} for d, r in rates.items()},
+            "decodings": {d: {"queries_per_s": r, "vs_dynamic": r / rates["dynamic"], "token_agreement": agreement[d]}
+                          for d, r in rates.items()},
             "stage_seconds": stages, "parameters": sum(p.numel() for p in policy.parameters()),
             "tflop_per_query": flops_per_query / 1e12, "best_decoding": best, "achieved_tflops": achieved,
             "peak_tflops": peak, "fraction_of_peak": achieved / peak if peak else None, "profile": table}
@@ -203,8 +217,8 @@ def main(args) -> None:
           f"one at a time, no cache: {result['naive_queries_per_s']:.2f} queries/s; ratio {result['ratio']:.1f}x")
     for decoding, rate in result["decodings"].items():
         if decoding != "dynamic":
-            print(f"  {decoding} decoding (same tokens): {rate['queries_per_s']:.2f} queries/s, "
-                  f"{rate['vs_dynamic']:.2f}x the dynamic cache's")
+            print(f"  {decoding} decoding ({100 * rate['token_agreement']:.1f}% of tokens as the dynamic cache's): "
+                  f"{rate['queries_per_s']:.2f} queries/s, {rate['vs_dynamic']:.2f}x the dynamic cache's")
     stages = result["stage_seconds"]
     print("  one dynamic call: " + ", ".join(f"{name.replace('_', ' ')} {seconds:.3f} s"
                                              for name, seconds in stages.items()))

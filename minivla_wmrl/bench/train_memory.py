@@ -61,8 +61,9 @@ def recipe_step(path: str, setting: str) -> TrainStep:
     recipe = load_recipe(PipelineRecipe, Path(path))
     if setting == "sft":
         policy = recipe.sft.policy
-        if policy.lora:
-            raise ValueError(f"recipe {path}: its sft trains LoRA adapters; this bench measures a full fine-tune")
+        if policy.lora or policy.freeze_vision:
+            raise ValueError(f"recipe {path}: its sft trains LoRA adapters or freezes the vision; this bench measures "
+                             "a full fine-tune")
         return TrainStep("sft", policy.preset, recipe.sft.sft.batch_size, policy.device, policy.dtype)
     policy = recipe.grpo.policy
     if not (policy.lora and policy.freeze_vision):

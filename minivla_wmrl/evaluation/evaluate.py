@@ -124,7 +124,7 @@ class EvalConfig(EvalProtocol):
     device: str = field(default="cpu", metadata=_help("torch device"))
     decoding: Decoding = field(default="dynamic", metadata=_help(
         "the policy's decode steps: dynamic, static (preallocated KV cache) or compiled (+ torch.compile); "
-        "the same tokens"))
+        "the same tokens in float32, in bfloat16 up to rounding"))
 
 
 HASH_PROGRESS_BYTES = 256 << 20  # checkpoints larger than this hash behind a progress bar (MiniVLA-1B: ~5 GB)

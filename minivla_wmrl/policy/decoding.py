@@ -10,6 +10,11 @@ per action token after the first, each on a KV cache.
   step of MiniVLA-1B is 24 layers of small kernels over one token per row: launch overhead, not
   arithmetic, bounds it on a GPU.
 
+In float32 all three give the same tokens. In bfloat16 they compute the same thing with different
+rounding (the compiled step fuses kernels; any kernel, batch or device change does the same), so a
+sampled token whose uniform falls near a boundary of its CDF can differ (tiny preset, batch 64:
+about 1 token in 500 under `compiled`).
+
 The prefill itself stays eager: its length follows the instruction, and its large matmuls already
 run near the hardware's rate. Written here rather than through transformers' `generate(
 cache_implementation="static")` because the policy's prompt is embeddings (image patches inside the
@@ -18,13 +23,13 @@ prompt) and its sampling is its own (per-row inverse CDF on given uniforms).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import nn
 
 Decoding = Literal["dynamic", "static", "compiled"]
-DECODINGS: tuple[str, ...] = ("dynamic", "static", "compiled")
+DECODINGS: tuple[str, ...] = get_args(Decoding)
 LENGTH_BUCKET = 64
 
 
@@ -94,11 +99,14 @@ class StaticDecoder:
         config = llm.config
         key = (batch, length, dtype, device)
         if key not in self.buckets:
+            # buckets of another dtype or device belong to a policy that has since been moved: free them
+            self.buckets = {k: b for k, b in self.buckets.items() if k[2:] == (dtype, device)}
             cache = StaticCache(config=config, max_cache_len=length)
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             cache.early_initialization(batch, config.num_key_value_heads, head_dim, dtype, device)
             self.buckets[key] = {"cache": cache,
-                                 "embeds": torch.zeros(batch, 1, config.hidden_size, dtype=dtype, device=device),
+                                 "embeds": torch.zeros(batch, 1, config.hidden_size,
+                                                       dtype=llm.get_input_embeddings().weight.dtype, device=device),
                                  "mask": torch.ones(batch, length, dtype=torch.long, device=device),
                                  "positions": torch.zeros(batch, 1, dtype=torch.long, device=device)}
         return self.buckets[key]
@@ -112,10 +120,11 @@ class StaticDecoding:
         prefill = DynamicDecoding(llm, embeds, mask, positions)
         batch, length = mask.shape
         self.llm, self.batch, self.length = llm, batch, length
+        kv = prefill.cache.layers[0].keys
         self.buffers = decoder.bucket(llm, _bucket_batch(batch), _bucket_length(length + new_tokens - 1),
-                                      embeds.dtype, embeds.device)
-        self.step = decoder.step_function(embeds.device)
-        for static, grown in zip(self.buffers["cache"].layers, prefill.cache.layers):
+                                      kv.dtype, kv.device)
+        self.step = decoder.step_function(kv.device)
+        for static, grown in zip(self.buffers["cache"].layers, prefill.cache.layers, strict=True):
             static.keys[:batch, :, :length] = grown.keys
             static.values[:batch, :, :length] = grown.values
             static.keys[:batch, :, length:] = 0  # an earlier call's entries are masked, but 0 × NaN is NaN

@@ -176,7 +176,7 @@ class MiniVLA(nn.Module, AtomicPretrained):
     def set_decoding(self, decoding: Decoding) -> None:
         """How `generate` runs its decode steps (`policy.decoding`): "dynamic", "static" (a preallocated
         KV cache) or "compiled" (that cache with the step under torch.compile; CUDA graphs on CUDA).
-        All three give the same tokens; see `policy/decoding.py` for what each costs."""
+        The same tokens in float32 (in bfloat16 up to rounding); see `policy/decoding.py`."""
         self.decoding = check_decoding(decoding)
         if decoding != "dynamic" and decoding not in self._static_decoders:
             self._static_decoders[decoding] = StaticDecoder(compiled=decoding == "compiled")

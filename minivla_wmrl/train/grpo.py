@@ -187,7 +187,8 @@ class GRPOPolicy:
     # recompute activations in the update's backward pass (ViT blocks, LM layers): less memory, same gradients
     activation_checkpointing: Annotated[bool, RUNTIME] = False
     # how rollouts run the decode steps: dynamic | static (preallocated KV cache) | compiled (+ torch.compile,
-    # CUDA graphs on CUDA); the same tokens, see policy/decoding.py
+    # CUDA graphs on CUDA); the same tokens in float32, in bfloat16 up to rounding (policy/decoding.py). The
+    # pipeline's evaluations use it too.
     decoding: Annotated[Decoding, RUNTIME] = "dynamic"
 
 
