@@ -94,7 +94,7 @@ def test_static_and_compiled_decoding_give_the_dynamic_caches_tokens(decoding):
             for query, exact in zip(queries(rows), reference):
                 assert torch.equal(query.token_ids, exact.token_ids), (decoding, lora, rows)
                 torch.testing.assert_close(query.log_probs, exact.log_probs, atol=1e-5, rtol=0)
-        buckets = policy._static_decoders[decoding].buckets
+        buckets = policy._decoders[decoding].buckets
         assert sorted(key[0] for key in buckets) == [4, 8]  # with the adapters too: the same buffers
 
 
@@ -117,7 +117,7 @@ def test_static_decoding_in_bfloat16_gives_the_dynamic_caches_tokens(images):
     query = policy.generate(images, INSTRUCTIONS)
     assert torch.equal(query.token_ids, exact.token_ids)
     torch.testing.assert_close(query.log_probs, exact.log_probs, atol=1e-2, rtol=0)
-    assert [key[2] for key in policy._static_decoders["static"].buckets] == [torch.bfloat16]
+    assert [key[2] for key in policy._decoders["static"].buckets] == [torch.bfloat16]
     with pytest.raises(ValueError, match="decoding 'graphs': expected one of"):
         policy.set_decoding("graphs")
 

@@ -103,7 +103,7 @@ def stage_seconds(policy: MiniVLA, images: np.ndarray, instructions: list[str], 
 
     embeds, mask = policy.prefix(images, instructions)
     lap("vision_and_projector")
-    decoding = DynamicDecoding(policy.llm, embeds, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+    decoding = DynamicDecoding(policy.llm, embeds, mask)
     lap("prefill")
     token = decoding.logits.argmax(-1)
     for _ in range(policy.config.num_action_tokens - 1):

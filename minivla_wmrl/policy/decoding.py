@@ -33,10 +33,11 @@ DECODINGS: tuple[str, ...] = get_args(Decoding)
 LENGTH_BUCKET = 64
 
 
-def check_decoding(decoding: str) -> str:
+def make_decoder(decoding: str) -> DynamicDecoder | StaticDecoder:
+    """The decoder of a decoding's name (a policy keeps one per name: a compiled one is compiled once)."""
     if decoding not in DECODINGS:
         raise ValueError(f"decoding {decoding!r}: expected one of {DECODINGS}")
-    return decoding
+    return DynamicDecoder() if decoding == "dynamic" else StaticDecoder(compiled=decoding == "compiled")
 
 
 def _bucket_batch(batch: int) -> int:
@@ -54,10 +55,24 @@ def _decode_step(llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor, posit
                logits_to_keep=1).logits[:, -1]
 
 
-class DynamicDecoding:
-    """The prefill and each decode step on a DynamicCache that grows by one position a step."""
+def prompt_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch: each row counts from its first real token."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
 
-    def __init__(self, llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
+
+class DynamicDecoder:
+    """Nothing to keep between calls: each call grows its own DynamicCache."""
+
+    def begin(self, llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> DynamicDecoding:
+        return DynamicDecoding(llm, embeds, mask)
+
+
+class DynamicDecoding:
+    """The prefill (`logits`: the first token's) and each decode step on a DynamicCache that grows by one
+    position a step."""
+
+    def __init__(self, llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor):
+        positions = prompt_positions(mask)
         out = llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         self.llm, self.cache, self.mask, self.position = llm, out.cache, mask, positions[:, -1:] + 1
         self.logits = out.logits[:, -1]
@@ -89,9 +104,8 @@ class StaticDecoder:
                                                      mode="reduce-overhead" if device.type == "cuda" else None)
         return self._steps[device.type]
 
-    def begin(self, llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-              new_tokens: int) -> StaticDecoding:
-        return StaticDecoding(self, llm, embeds, mask, positions, new_tokens)
+    def begin(self, llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> StaticDecoding:
+        return StaticDecoding(self, llm, embeds, mask, new_tokens)
 
     def bucket(self, llm: nn.Module, batch: int, length: int, dtype: torch.dtype, device: torch.device) -> dict:
         from transformers import StaticCache  # ~3 s over torch: a built policy has already paid it
@@ -116,8 +130,8 @@ class StaticDecoding:
     """One call's decode steps on its bucket: rows past the batch are padding (their outputs dropped)."""
 
     def __init__(self, decoder: StaticDecoder, llm: nn.Module, embeds: torch.Tensor, mask: torch.Tensor,
-                 positions: torch.Tensor, new_tokens: int):
-        prefill = DynamicDecoding(llm, embeds, mask, positions)
+                 new_tokens: int):
+        prefill = DynamicDecoding(llm, embeds, mask)
         batch, length = mask.shape
         self.llm, self.batch, self.length = llm, batch, length
         kv = prefill.cache.layers[0].keys
@@ -133,7 +147,7 @@ class StaticDecoding:
         self.buffers["mask"][:batch] = 0
         self.buffers["mask"][:batch, :length] = mask
         self.buffers["mask"][batch:] = 1  # padding rows attend everywhere: finite, whatever they held before
-        self.buffers["positions"][:batch] = positions[:, -1:]
+        self.buffers["positions"][:batch] = prefill.position - 1  # `advance` steps it before each token
         self.logits = prefill.logits
 
     def advance(self, token: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from minivla_wmrl.infra.outputs import replaced_directory
 from minivla_wmrl.infra.run_checkpoint import load_weights
 from minivla_wmrl.policy.action_tokenizer import ActionTokenizer
 from minivla_wmrl.policy.config import MiniVLAConfig
-from minivla_wmrl.policy.decoding import Decoding, DynamicDecoding, StaticDecoder, check_decoding
+from minivla_wmrl.policy.decoding import Decoding, make_decoder, prompt_positions
 from minivla_wmrl.policy.normalization import ActionStatistics, gripper_to_env
 from minivla_wmrl.policy.storage import read_policy, write_policy
 from minivla_wmrl.policy.tokenizer import END_TOKENS, build_prompt, check_action_tokens
@@ -125,7 +125,7 @@ class MiniVLA(nn.Module, AtomicPretrained):
         object.__setattr__(self, "action_tokenizer", action_tokenizer.eval())  # saved on its own, kept on the CPU
         self._prompt_ids: dict[str, list[int]] = {}
         self.decoding: Decoding = "dynamic"
-        object.__setattr__(self, "_static_decoders", {})  # by decoding: kept, so switching back does not recompile
+        object.__setattr__(self, "_decoders", {"dynamic": make_decoder("dynamic")})  # kept: switching back is free
 
     @property
     def vocab_len(self) -> int:
@@ -177,9 +177,9 @@ class MiniVLA(nn.Module, AtomicPretrained):
         """How `generate` runs its decode steps (`policy.decoding`): "dynamic", "static" (a preallocated
         KV cache) or "compiled" (that cache with the step under torch.compile; CUDA graphs on CUDA).
         The same tokens in float32 (in bfloat16 up to rounding); see `policy/decoding.py`."""
-        self.decoding = check_decoding(decoding)
-        if decoding != "dynamic" and decoding not in self._static_decoders:
-            self._static_decoders[decoding] = StaticDecoder(compiled=decoding == "compiled")
+        if decoding not in self._decoders:
+            self._decoders[decoding] = make_decoder(decoding)
+        self.decoding = decoding
 
     def add_lora(self, r: int = 16, alpha: int = 32, dropout: float = 0.0, targets=LORA_TARGETS) -> None:
         """Wrap the language model with peft LoRA adapters; only the adapters of the LLM train."""
@@ -288,12 +288,8 @@ class MiniVLA(nn.Module, AtomicPretrained):
                 raise ValueError(f"uniforms have shape {tuple(uniforms.shape)}; expected "
                                  f"({len(instructions)}, {self.config.num_action_tokens})")
         embeds, mask = self.prefix(images, instructions)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         n = self.config.num_action_tokens
-        if self.decoding == "dynamic":
-            decoding = DynamicDecoding(self.llm, embeds, mask, positions)
-        else:
-            decoding = self._static_decoders[self.decoding].begin(self.llm, embeds, mask, positions, n)
+        decoding = self._decoders[self.decoding].begin(self.llm, embeds, mask, n)
         logits = decoding.logits
         tokens, log_probs = [], []
         for step in range(n):
@@ -325,8 +321,7 @@ class MiniVLA(nn.Module, AtomicPretrained):
         embeds, mask = self.prefix(images, instructions)
         embeds = torch.cat([embeds, self.llm.get_input_embeddings()(targets[:, :-1])], dim=1)
         mask = torch.cat([mask, mask.new_ones(len(mask), n - 1)], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        return self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=False,
+        return self.llm(inputs_embeds=embeds, attention_mask=mask, position_ids=prompt_positions(mask), use_cache=False,
                         logits_to_keep=n).logits
 
     def score(self, images, instructions: list[str], token_ids: torch.Tensor,
